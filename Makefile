@@ -1,0 +1,35 @@
+# dflash-gateway — developer entry points. `make run` and `make test` install first if needed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install run test check lint typecheck clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the project with its test tools
+
+run: $(STAMP) ## gateway on 127.0.0.1:8000 in front of two emulated workers (Ctrl-C stops all)
+	$(BIN)/dflash-gateway serve
+
+test: $(STAMP) ## the whole test suite
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check app tests loadtest
+	$(BIN)/ruff format --check app tests loadtest
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test ## ruff, mypy (strict on app/), tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

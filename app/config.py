@@ -1,0 +1,280 @@
+"""Gateway settings: one validated object built at start-up.
+
+Sources, highest priority first: explicit keyword arguments (the CLI flags), environment variables
+(prefix ``DFLASH_GATEWAY_``, nested delimiter ``__``), a YAML or TOML file named by ``config_file``
+(``--config``), then the defaults below. List values from the environment are comma-separated::
+
+    DFLASH_GATEWAY_WORKER_URLS=http://a:30000,http://b:30000
+    DFLASH_GATEWAY_HEALTH__INTERVAL_S=5
+    DFLASH_GATEWAY_MODEL_ALIASES=kimi-k2.5=moonshotai/Kimi-K2.5
+
+This is the only module that reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "DFLASH_GATEWAY_"
+DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
+
+PolicyName = Literal["least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity"]
+POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HealthConfig(_Section):
+    """Active health checks against each worker's ``/health`` and load polling."""
+
+    interval_s: float = Field(5.0, gt=0)
+    # Longer than SGLang's ~20 s health generation, so a busy worker is not marked down.
+    timeout_s: float = Field(25.0, gt=0)
+    failure_threshold: int = Field(3, ge=1)
+    success_threshold: int = Field(1, ge=1)
+    loads_interval_s: float = Field(2.0, gt=0)
+
+
+class BreakerConfig(_Section):
+    """Passive circuit breaking from request outcomes."""
+
+    failure_threshold: int = Field(5, ge=1)
+    open_s: float = Field(10.0, gt=0)
+
+
+class RetryConfig(_Section):
+    """Retries happen only before the commit point (see CONTRACTS.md)."""
+
+    max_attempts: int = Field(3, ge=1)
+    backoff_base_s: float = Field(0.05, ge=0)
+    backoff_max_s: float = Field(1.0, ge=0)
+    budget_s: float = Field(30.0, gt=0)
+
+
+class AdmissionConfig(_Section):
+    """Per-worker concurrency cap and the bounded wait queue in front of it."""
+
+    # DFLASH forces SGLang's max_running_requests to 48.
+    per_worker_cap: int = Field(48, ge=1)
+    queue_size: int = Field(256, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    retry_after_s: int = Field(2, ge=1)
+
+
+class TimeoutConfig(_Section):
+    connect_s: float = Field(5.0, gt=0)
+    # Time to the worker's response headers (prefill + queueing on the worker).
+    first_byte_s: float = Field(300.0, gt=0)
+    # Longest silence between two upstream reads once streaming.
+    idle_s: float = Field(300.0, gt=0)
+    # Send ``: keep-alive`` to the client after this many silent seconds.
+    keepalive_s: float = Field(15.0, gt=0)
+    # No limit on total stream duration unless set.
+    total_s: float | None = Field(None, gt=0)
+
+
+class LimitsConfig(_Section):
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # Used when a request sets neither max_tokens nor max_completion_tokens.
+    default_max_tokens: int | None = Field(None, ge=1)
+    # Requests asking for more are clamped to this value.
+    max_tokens_cap: int = Field(32768, ge=1)
+    max_messages: int = Field(2048, ge=1)
+
+
+class DiscoveryConfig(_Section):
+    """Where the worker set comes from (``static`` = ``worker_urls``)."""
+
+    mode: Literal["static", "dns", "kubernetes"] = "static"
+    dns_name: str | None = None
+    dns_port: int = Field(30000, ge=1, le=65535)
+    dns_interval_s: float = Field(10.0, gt=0)
+    namespace: str = "default"
+    label_selector: str = "app.kubernetes.io/component=worker"
+    port_name: str = "http"
+    resync_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> DiscoveryConfig:
+        if self.mode == "dns" and not self.dns_name:
+            raise ValueError(
+                "discovery.mode=dns needs discovery.dns_name (a headless Service name)"
+            )
+        return self
+
+
+class EmbeddedConfig(_Section):
+    """The embedded default: emulated workers started as child processes."""
+
+    workers: int = Field(2, ge=1, le=16)
+    base_port: int = Field(30000, ge=0, le=65535)
+    speed: float = Field(1.0, gt=0)
+    model: str = DEFAULT_MODEL
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything the gateway can be told. Validated once, at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    config_file: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    processes: int = Field(1, ge=1, le=64)
+    worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    policy: PolicyName = "least_inflight"
+    prefix_affinity_load_factor: float = Field(1.25, ge=1.0)
+    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5.
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"kimi-k2.5": DEFAULT_MODEL}
+    )
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # Sent to workers as ``Authorization: Bearer ...`` (SGLang's --api-key); never the client's key.
+    worker_api_key: SecretStr | None = None
+    drain_s: float = Field(5.0, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_json: bool = False
+
+    health: HealthConfig = HealthConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    retry: RetryConfig = RetryConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    timeouts: TimeoutConfig = TimeoutConfig()
+    limits: LimitsConfig = LimitsConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    embedded: EmbeddedConfig = EmbeddedConfig()
+
+    @field_validator("worker_urls", "api_keys", mode="before")
+    @classmethod
+    def _csv_list(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("worker_urls")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        cleaned = []
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker URL {url!r} must start with http:// or https://")
+            cleaned.append(url.rstrip("/"))
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("worker URLs must be distinct")
+        return cleaned
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _alias_pairs(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        aliases: dict[str, str] = {}
+        for item in _split_csv(value):
+            alias, sep, target = item.partition("=")
+            if not sep or not alias.strip() or not target.strip():
+                raise ValueError(f"model alias {item!r} must look like alias=served-model")
+            aliases[alias.strip()] = target.strip()
+        return aliases
+
+    @property
+    def embedded_default(self) -> bool:
+        """True when no worker source is configured: serve starts emulated workers itself."""
+        return not self.worker_urls and self.discovery.mode == "static"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        init_kwargs = getattr(init_settings, "init_kwargs", {})
+        path = init_kwargs.get("config_file") or os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        if path:
+            sources += (_ConfigFileSource(settings_cls, Path(path)),)
+        return sources
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """A YAML (.yaml/.yml) or TOML (.toml) file with the same keys as the environment, nested."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        super().__init__(settings_cls)
+        self._data = read_config_file(path)
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ValueError(f"config file {path} must end in .yaml, .yml or .toml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"config file {path} is not valid: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping at the top level")
+    return {str(key).replace("-", "_"): value for key, value in data.items()}
+
+
+class ConfigError(Exception):
+    """Settings could not be built; the message lists every problem, one per line."""
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build Settings from overrides (CLI flags; ``None`` means "not given"), env and file."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if errors is None:
+        return f"invalid settings: {exc}"
+    lines = ["invalid settings:"]
+    for error in errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "settings"
+        env = ENV_PREFIX + "__".join(str(p).upper() for p in error["loc"] if isinstance(p, str))
+        lines.append(f"  {where} (env {env}): {error['msg']}")
+    return "\n".join(lines)

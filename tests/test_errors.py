@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from app import errors
+
+
+def _shape_ok(body: dict[str, object]) -> dict[str, object]:
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert isinstance(err, dict)
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "type_", "code"),
+    [
+        (errors.InvalidRequest("bad"), 400, "invalid_request_error", None),
+        (errors.PayloadTooLarge("big"), 413, "invalid_request_error", "payload_too_large"),
+        (errors.AuthenticationFailed("who"), 401, "authentication_error", "invalid_api_key"),
+        (errors.ModelNotFound("m"), 404, "invalid_request_error", "model_not_found"),
+        (
+            errors.RateLimited("slow", retry_after=3),
+            429,
+            "rate_limit_exceeded",
+            "rate_limit_exceeded",
+        ),
+        (
+            errors.ServiceUnavailable("none", retry_after=2),
+            503,
+            "service_unavailable",
+            "service_unavailable",
+        ),
+        (errors.UpstreamConnectError("down"), 502, "upstream_error", "upstream_unavailable"),
+        (errors.UpstreamTimeout("slow"), 504, "timeout", "upstream_timeout"),
+    ],
+)
+def test_error_body_and_sse_event(
+    exc: errors.GatewayError, status: int, type_: str, code: str | None
+) -> None:
+    response = exc.to_response()
+    assert response.status_code == status
+    err = _shape_ok(orjson.loads(response.body))
+    assert (err["type"], err["code"]) == (type_, code)
+    if exc.retry_after is not None:
+        assert response.headers["Retry-After"] == str(exc.retry_after)
+    sse = exc.to_sse()
+    assert sse.startswith(b"data: ") and sse.endswith(b"\n\n")
+    assert orjson.loads(sse[len(b"data: ") : -2]) == exc.body()
+
+
+def test_sglang_error_body_is_rewrapped_with_status_kept() -> None:
+    raw = (
+        b'{"object":"error","message":"The request queue is full.",'
+        b'"type":"Service Unavailable","param":null,"code":503}'
+    )
+    exc = errors.UpstreamStatusError.from_worker(503, raw)
+    assert exc.status == 503
+    assert exc.retryable
+    err = _shape_ok(exc.body())
+    assert err["message"] == "The request queue is full."
+    bad = errors.UpstreamStatusError.from_worker(400, b"not json")
+    assert bad.status == 400 and not bad.retryable
+    assert bad.body()["error"]["type"] == "invalid_request_error"
+
+
+class _Body(BaseModel):
+    model: str
+    n: int = 1
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+    errors.install_handlers(app)
+
+    @app.post("/v1/echo")
+    async def echo(body: _Body) -> dict[str, str]:
+        return {"model": body.model}
+
+    @app.get("/v1/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret internal detail")
+
+    @app.get("/v1/unavailable")
+    async def unavailable() -> None:
+        raise errors.ServiceUnavailable("no healthy worker", retry_after=2)
+
+    return app
+
+
+@pytest.fixture
+def client() -> TestClient:
+    return TestClient(_app(), raise_server_exceptions=False)
+
+
+def test_framework_errors_are_openai_shaped(client: TestClient) -> None:
+    cases = [
+        (
+            client.post(
+                "/v1/echo", content=b"{not json", headers={"content-type": "application/json"}
+            ),
+            400,
+        ),
+        (client.post("/v1/echo", json={"n": 1}), 400),
+        (client.post("/v1/echo", json={"model": "m", "n": "x"}), 400),
+        (client.get("/v1/nowhere"), 404),
+        (client.get("/v1/echo"), 405),
+        (client.get("/v1/unavailable"), 503),
+    ]
+    for response, status in cases:
+        assert response.status_code == status, response.text
+        _shape_ok(response.json())
+    missing = client.post("/v1/echo", json={"n": 1}).json()["error"]
+    assert missing["param"] == "model"
+    assert client.get("/v1/unavailable").headers["Retry-After"] == "2"
+
+
+def test_unexpected_errors_do_not_leak_internals(client: TestClient) -> None:
+    response = client.get("/v1/boom")
+    assert response.status_code == 500
+    err = _shape_ok(response.json())
+    assert "secret" not in response.text
+    assert err["type"] == "internal_error"
