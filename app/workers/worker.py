@@ -1,0 +1,69 @@
+"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"  # not yet seen healthy (SGLang answers 503 while loading)
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"  # failed the active health check threshold
+    DRAINING = "draining"  # terminating endpoint: finishes in-flight work, gets no new requests
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """The worker's own view, polled from ``/v1/loads?include=core,spec``."""
+
+    running: int = 0
+    waiting: int = 0
+    token_usage: float = 0.0
+    gen_throughput: float = 0.0
+    accept_length: float | None = None
+    accept_rate: float | None = None
+    max_running_requests: int | None = None
+
+
+def stable_name(url: str) -> str:
+    """host:port of a URL: the worker's name when discovery gives none (a pod name)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    name: str = ""
+    state: WorkerState = WorkerState.STARTING
+    models: tuple[str, ...] = ()
+    in_flight: int = 0
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        if not self.name:
+            self.name = stable_name(self.url)
+
+    @property
+    def routable(self) -> bool:
+        return self.state is WorkerState.HEALTHY
+
+    @property
+    def load_score(self) -> float:
+        """What load-aware policies compare: our in-flight requests, then the worker's queue."""
+        return self.in_flight + self.load.waiting + self.load.token_usage
+
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        """Count one in-flight request for the duration of the block, whatever happens."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
