@@ -2,10 +2,16 @@
 
 ``workers`` is never empty: the caller passes the candidates that may take the request now
 (routable, serving the model, under their admission cap, not already tried for this request).
+Randomness comes from an injected ``random.Random`` so tests and benchmarks are reproducible.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
+import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,10 +32,156 @@ class Policy(Protocol):
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker: ...
 
 
+def _busy(worker: Worker) -> int:
+    """Requests on the worker: ours in flight, or the worker's own running+waiting count when it
+    reports more (other gateway replicas send to it too)."""
+    return max(worker.in_flight, worker.load.running + worker.load.waiting)
+
+
+def _load_key(worker: Worker) -> tuple[int, int, float]:
+    return (worker.in_flight, worker.load.running + worker.load.waiting, worker.load.token_usage)
+
+
+def _least_loaded_key(worker: Worker) -> tuple[int, int, float, str]:
+    return (*_load_key(worker), worker.name)
+
+
 class LeastInflight:
-    """Fewest in-flight requests through this gateway; ties broken by the worker's polled load."""
+    """Fewest in-flight requests through this gateway; ties broken by the worker's polled load
+    (running + waiting, then KV-cache usage), then by name so the choice is deterministic."""
 
     name = "least_inflight"
 
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
-        return min(workers, key=lambda w: (w.in_flight, w.load.running + w.load.waiting, w.name))
+        return min(workers, key=_least_loaded_key)
+
+
+class PowerOfTwo:
+    """Two distinct random candidates; the less loaded wins (power of two choices)."""
+
+    name = "power_of_two"
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        if len(workers) == 1:
+            return workers[0]
+        first, second = self._rng.sample(range(len(workers)), 2)
+        # Ties go to the first of the random pair, so equal workers share traffic evenly.
+        return min(workers[first], workers[second], key=_load_key)
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        return workers[next(self._counter) % len(workers)]
+
+
+class Random:
+    name = "random"
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        return workers[self._rng.randrange(len(workers))]
+
+
+def _hash64(data: str) -> int:
+    """A stable 64-bit hash (Python's ``hash`` is salted per process; replicas must agree)."""
+    return int.from_bytes(hashlib.blake2b(data.encode(), digest_size=8).digest(), "big")
+
+
+class PrefixAffinity:
+    """Consistent hashing with bounded loads on the routing key.
+
+    Every worker owns ``vnodes`` points on a hash ring derived only from its stable name, so every
+    gateway replica maps a key to the same home worker with no shared state, and adding or removing
+    a worker moves only that worker's share of keys. A worker is eligible only while its load is
+    below ``ceil(load_factor * (total load + 1) / n)``; past its home, the walk continues clockwise,
+    so a hot key spills to the next workers on the ring instead of piling onto one node
+    (the cache-aware hot-spotting failure). Requests without a key go to ``fallback``.
+
+    The ring holds every worker name seen recently; the walk skips names that are not candidates
+    now, which equals a ring built from the candidates alone but avoids rebuilding it whenever a
+    worker reaches its cap.
+    """
+
+    name = "prefix_affinity"
+
+    def __init__(
+        self, *, load_factor: float = 1.25, vnodes: int = 64, fallback: Policy | None = None
+    ) -> None:
+        if load_factor < 1.0:
+            raise ValueError("load_factor must be >= 1")
+        self._load_factor = load_factor
+        self._vnodes = vnodes
+        self._fallback = fallback or LeastInflight()
+        self._names: set[str] = set()
+        self._points: list[int] = []
+        self._owners: list[str] = []
+
+    def _ensure(self, names: Sequence[str]) -> None:
+        missing = [name for name in names if name not in self._names]
+        if not missing and len(self._names) <= 2 * len(names) + 16:
+            return
+        if len(self._names) + len(missing) > 2 * len(names) + 16:
+            self._names = set()  # prune workers that left long ago
+            missing = list(dict.fromkeys(names))
+        self._names.update(missing)
+        ring = list(zip(self._points, self._owners, strict=True))
+        ring.extend((_hash64(f"{name}#{i}"), name) for name in missing for i in range(self._vnodes))
+        ring = [(point, owner) for point, owner in ring if owner in self._names]
+        ring.sort()
+        self._points = [point for point, _ in ring]
+        self._owners = [owner for _, owner in ring]
+
+    def home(self, key: str, workers: Sequence[Worker]) -> Worker:
+        """The key's worker ignoring load (what every replica agrees on)."""
+        return self._walk(key, workers, bound=None)
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        if ctx.routing_key is None or len(workers) == 1:
+            return self._fallback.pick(ctx, workers)
+        total = sum(_busy(worker) for worker in workers)
+        bound = math.ceil(self._load_factor * (total + 1) / len(workers))
+        return self._walk(ctx.routing_key, workers, bound=bound)
+
+    def _walk(self, key: str, workers: Sequence[Worker], *, bound: int | None) -> Worker:
+        by_name = {worker.name: worker for worker in workers}
+        self._ensure(list(by_name))
+        start = bisect.bisect(self._points, _hash64(key))
+        size = len(self._owners)
+        seen: set[str] = set()
+        for offset in range(size):
+            name = self._owners[(start + offset) % size]
+            worker = by_name.get(name)
+            if worker is None or name in seen:
+                continue
+            if bound is None or _busy(worker) < bound:
+                return worker
+            seen.add(name)
+            if len(seen) == len(by_name):
+                break
+        # Unreachable with load_factor >= 1 (some worker is always under the bound); be safe.
+        return min(workers, key=_least_loaded_key)
+
+
+def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> Policy:
+    """The policy called ``name`` (CONTRACTS.md lists the names)."""
+    if name == "least_inflight":
+        return LeastInflight()
+    if name == "power_of_two":
+        return PowerOfTwo(rng)
+    if name == "round_robin":
+        return RoundRobin()
+    if name == "random":
+        return Random(rng)
+    if name == "prefix_affinity":
+        return PrefixAffinity(load_factor=load_factor)
+    raise ValueError(f"unknown routing policy {name!r}")
