@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test check lint typecheck clean
+.PHONY: install run test check lint typecheck clean bench-pick
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,6 @@ check: lint typecheck test ## ruff, mypy (strict on app/), tests
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+bench-pick: $(STAMP) ## routing pick() cost per policy for 1, 16, 256 workers
+	$(BIN)/python -m loadtest.pick_bench

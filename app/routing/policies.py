@@ -53,7 +53,9 @@ class LeastInflight:
     name = "least_inflight"
 
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
-        return min(workers, key=_least_loaded_key)
+        fewest = min(worker.in_flight for worker in workers)
+        tied = [worker for worker in workers if worker.in_flight == fewest]
+        return tied[0] if len(tied) == 1 else min(tied, key=_least_loaded_key)
 
 
 class PowerOfTwo:
