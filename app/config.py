@@ -104,10 +104,16 @@ class DiscoveryConfig(_Section):
     dns_name: str | None = None
     dns_port: int = Field(30000, ge=1, le=65535)
     dns_interval_s: float = Field(10.0, gt=0)
+    # Kubernetes EndpointSlices of the workers' headless Service.
     namespace: str = "default"
-    label_selector: str = "app.kubernetes.io/component=worker"
+    label_selector: str = "kubernetes.io/service-name=dflash-workers"
     port_name: str = "http"
+    # Full re-list period: heals a watch that missed a delete (no zombie workers).
     resync_s: float = Field(30.0, gt=0)
+    # In a pod these come from the service account; set api_url to run outside a cluster.
+    api_url: str | None = Field(default_factory=lambda: _in_cluster_api_url())
+    token_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
     @model_validator(mode="after")
     def _check_mode(self) -> DiscoveryConfig:
@@ -115,7 +121,20 @@ class DiscoveryConfig(_Section):
             raise ValueError(
                 "discovery.mode=dns needs discovery.dns_name (a headless Service name)"
             )
+        if self.mode == "kubernetes" and not self.api_url:
+            raise ValueError(
+                "discovery.mode=kubernetes needs the API server: run in a pod "
+                "(KUBERNETES_SERVICE_HOST) or set discovery.api_url"
+            )
         return self
+
+
+def _in_cluster_api_url() -> str | None:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not host:
+        return None
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 class EmbeddedConfig(_Section):

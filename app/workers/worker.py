@@ -33,7 +33,8 @@ def stable_name(url: str) -> str:
     """host:port of a URL: the worker's name when discovery gives none (a pod name)."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.hostname}:{port}"
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(eq=False)
