@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    from loadtest import seed
+    from loadtest import overhead, seed
 
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     seed.add_arguments(
@@ -18,10 +18,6 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
-    try:
-        from loadtest import overhead
-    except ImportError:  # pragma: no cover - the overhead bench is optional in slim images
-        return
     overhead.add_arguments(
         benches.add_parser(
             "overhead",

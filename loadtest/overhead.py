@@ -1,0 +1,385 @@
+"""``bench overhead``: what the gateway costs, side by side with sglang-router, in one run.
+
+One emulated worker in ``--replay`` mode (pre-rendered chunks, no generation work) is measured
+three ways: direct, through dflash-gateway and through sglang-router. Each proxy is pinned to CPU 0
+with ``taskset``; the emulator and this load generator share the other CPU. Proxies are measured
+one at a time. Per proxy and scenario:
+
+- throughput (chunks/s for streams, requests/s otherwise);
+- added TTFT p50/p99 against the direct run of the same scenario;
+- the proxy process's own CPU seconds (utime+stime from /proc, all its threads and child
+  processes) per 1,000 relayed chunks or per 1,000 non-streaming requests — the stable figure on
+  shared machines, where wall-clock numbers drift.
+
+Scenarios: streaming at saturation, streaming paced (10 ms per chunk, C=32), non-streaming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+from loadtest.processes import PYTHON, ManagedProcess, ProcessManager, free_port
+from loadtest.stats import percentile
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    stream: bool
+    concurrency: int
+    requests: int
+    chunk_interval_s: float  # the emulator's pace between chunks (0 = as fast as possible)
+
+
+@dataclass
+class Measurement:
+    scenario: str
+    target: str
+    ok: int
+    failed: int
+    chunks: int
+    wall_s: float
+    ttfts: list[float]
+    cpu_s: float | None  # the proxy's CPU; None for the direct run
+
+    @property
+    def unit(self) -> int:
+        """What CPU is normalised by: chunks for streams, requests otherwise."""
+        return self.chunks if self.chunks else self.ok
+
+    def cpu_per_1000(self) -> float | None:
+        if self.cpu_s is None or not self.unit:
+            return None
+        return self.cpu_s / self.unit * 1000
+
+    def ttft(self, q: float) -> float:
+        return percentile(sorted(self.ttfts), q)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=2000, help="requests per saturation run")
+    p.add_argument("--paced-requests", type=int, default=320)
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per replayed response")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--proxy-cpu", type=int, default=0, help="CPU the proxy is pinned to")
+    p.add_argument("--load-cpu", type=int, default=1, help="CPU for emulator and load generator")
+    p.add_argument("--skip-router", action="store_true", help="do not run sglang-router")
+    p.add_argument("--gateway-processes", type=int, default=1)
+    p.add_argument("--scenarios", default="stream_saturation,stream_paced,non_stream")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+
+
+def scenarios(args: argparse.Namespace) -> list[Scenario]:
+    table = {
+        "stream_saturation": Scenario(
+            "stream_saturation", True, args.concurrency * 2, args.requests, 0.0
+        ),
+        "stream_paced": Scenario(
+            "stream_paced", True, args.concurrency, args.paced_requests, 0.010
+        ),
+        "non_stream": Scenario("non_stream", False, args.concurrency, args.requests, 0.0),
+    }
+    return [table[name.strip()] for name in args.scenarios.split(",") if name.strip()]
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and all its live descendants (each counts all its threads)."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        stats[int(entry)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        own = stats.get(current)
+        if own is None:
+            continue
+        # utime, stime (fields 14, 15 of stat; 11, 12 after the command name)
+        total += (int(own[11]) + int(own[12])) / CLOCK_TICKS
+        todo.extend(children.get(current, []))
+    return total
+
+
+async def _one(client: httpx.AsyncClient, body: bytes, stream: bool) -> tuple[bool, float, int]:
+    start = time.perf_counter()
+    if not stream:
+        response = await client.post("/v1/chat/completions", content=body)
+        return response.status_code == 200, time.perf_counter() - start, 0
+    ttft = 0.0
+    chunks = 0
+    done = False
+    async with client.stream("POST", "/v1/chat/completions", content=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return False, 0.0, 0
+        buffer = b""
+        async for data in response.aiter_bytes():
+            if not chunks:
+                ttft = time.perf_counter() - start
+            buffer += data
+            events = buffer.split(b"\n\n")
+            buffer = events.pop()
+            for event in events:
+                if event.startswith(b"data: [DONE]"):
+                    done = True
+                elif event.startswith(b"data:"):
+                    chunks += 1
+    return done, ttft, chunks
+
+
+async def drive(base_url: str, scenario: Scenario, model: str, max_tokens: int) -> Measurement:
+    body = orjson.dumps(
+        {
+            "model": model,
+            "messages": [
+                {"role": "user", "content": "Summarise the benefits of speculative decoding."}
+            ],
+            "max_tokens": max_tokens,
+            "stream": scenario.stream,
+        }
+    )
+    limits = httpx.Limits(
+        max_connections=scenario.concurrency, max_keepalive_connections=scenario.concurrency
+    )
+    headers = {"Content-Type": "application/json"}
+    results: list[tuple[bool, float, int]] = []
+    remaining = iter(range(scenario.requests))
+    async with httpx.AsyncClient(
+        base_url=base_url, limits=limits, headers=headers, timeout=httpx.Timeout(120.0)
+    ) as client:
+
+        async def loop() -> None:
+            for _ in remaining:
+                try:
+                    results.append(await _one(client, body, scenario.stream))
+                except httpx.HTTPError:
+                    results.append((False, 0.0, 0))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(scenario.concurrency)))
+        wall = time.perf_counter() - start
+    ok = [r for r in results if r[0]]
+    return Measurement(
+        scenario=scenario.name,
+        target="",
+        ok=len(ok),
+        failed=len(results) - len(ok),
+        chunks=sum(r[2] for r in ok),
+        wall_s=wall,
+        ttfts=[r[1] for r in ok],
+        cpu_s=None,
+    )
+
+
+def _pin(cpu: int, argv: Sequence[str]) -> list[str]:
+    if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > cpu:  # type: ignore[operator]
+        return ["taskset", "-c", str(cpu), *argv]
+    return list(argv)
+
+
+def start_emulator(procs: ProcessManager, scenario: Scenario, load_cpu: int) -> ManagedProcess:
+    argv = [
+        PYTHON,
+        "-m",
+        "app",
+        "emulate",
+        "--port",
+        "{port}",
+        "--replay",
+        "--max-running-requests",
+        "4096",
+    ]
+    if scenario.chunk_interval_s:
+        argv += ["--replay-chunk-interval-s", str(scenario.chunk_interval_s)]
+    return procs.start(_pin(load_cpu, argv), name=f"emulator-{scenario.name}")
+
+
+def start_proxies(
+    procs: ProcessManager, emulator: ManagedProcess, args: argparse.Namespace
+) -> dict[str, ManagedProcess]:
+    proxies = {
+        "dflash-gateway": procs.start(
+            _pin(
+                args.proxy_cpu,
+                [
+                    PYTHON,
+                    "-m",
+                    "app",
+                    "serve",
+                    "--port",
+                    "{port}",
+                    "--worker-url",
+                    emulator.url,
+                    "--processes",
+                    str(args.gateway_processes),
+                ],
+            ),
+            name="dflash-gateway",
+            ready_path="/readyz",
+            ready_status=200,
+            env={
+                "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
+                "DFLASH_GATEWAY_LOG_LEVEL": "warning",
+            },
+        ),
+    }
+    if not args.skip_router:
+        metrics_port = free_port()
+        proxies["sglang-router"] = procs.start(
+            _pin(
+                args.proxy_cpu,
+                [
+                    PYTHON,
+                    "-m",
+                    "sglang_router.launch_router",
+                    "--worker-urls",
+                    emulator.url,
+                    "--policy",
+                    "round_robin",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "{port}",
+                    "--prometheus-port",
+                    str(metrics_port),
+                ],
+            ),
+            name="sglang-router",
+            ready_path="/v1/models",
+            ready_status=200,
+            timeout=60,
+        )
+    return proxies
+
+
+async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[Measurement]:
+    measurements: list[Measurement] = []
+    model = "moonshotai/Kimi-K2.5"
+    for scenario in scenarios(args):
+        emulator = start_emulator(procs, scenario, args.load_cpu)
+        proxies = start_proxies(procs, emulator, args)
+        targets = [("direct", emulator, None)] + [(n, p, p) for n, p in proxies.items()]
+        for name, target, proxy in targets:
+            warm = Scenario(
+                scenario.name,
+                scenario.stream,
+                scenario.concurrency,
+                scenario.concurrency * 2,
+                scenario.chunk_interval_s,
+            )
+            await drive(target.url, warm, model, args.max_tokens)  # connections, caches
+            before = process_tree_cpu(proxy.pid) if proxy else 0.0
+            result = await drive(target.url, scenario, model, args.max_tokens)
+            result.target = name
+            if proxy is not None:
+                result.cpu_s = process_tree_cpu(proxy.pid) - before
+            measurements.append(result)
+            print(
+                f"  {scenario.name:<18} {name:<15} ok={result.ok} failed={result.failed}",
+                file=sys.stderr,
+            )
+        for proc in (*proxies.values(), emulator):
+            proc.stop()
+    return measurements
+
+
+def table(measurements: Sequence[Measurement]) -> str:
+    header = (
+        f"{'scenario':<18} {'target':<15} {'ok':>6} {'fail':>5} {'thrpt/s':>9} "
+        f"{'TTFT p50':>9} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU s/1k':>9} {'vs router':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for scenario in dict.fromkeys(m.scenario for m in measurements):
+        rows = [m for m in measurements if m.scenario == scenario]
+        direct = next((m for m in rows if m.target == "direct"), None)
+        router = next((m for m in rows if m.target == "sglang-router"), None)
+        for m in rows:
+            rate = (m.chunks if m.chunks else m.ok) / m.wall_s if m.wall_s else 0.0
+            added50 = added99 = "-"
+            if direct is not None and m is not direct and m.ttfts and direct.ttfts:
+                added50 = f"{(m.ttft(50) - direct.ttft(50)) * 1000:.2f}"
+                added99 = f"{(m.ttft(99) - direct.ttft(99)) * 1000:.2f}"
+            cpu = m.cpu_per_1000()
+            ref = router.cpu_per_1000() if router is not None else None
+            ratio = f"{cpu / ref:.2f}" if cpu is not None and ref else "-"
+            lines.append(
+                f"{m.scenario:<18} {m.target:<15} {m.ok:>6} {m.failed:>5} {rate:>9.0f} "
+                f"{m.ttft(50) * 1000:>9.2f} {added50:>8} {added99:>8} "
+                f"{'-' if cpu is None else f'{cpu:.3f}':>9} {ratio:>9}"
+            )
+    lines.append(
+        "CPU s/1k = proxy CPU seconds per 1,000 relayed chunks (streams) or requests "
+        "(non-streaming); vs router = that figure / sglang-router's (lower is better)"
+    )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="dflash-overhead-") as tmp:
+        procs = ProcessManager(Path(tmp))
+        try:
+            with _affinity(args.load_cpu):
+                measurements = asyncio.run(measure_all(args, procs))
+        except Exception:
+            for chunk in procs.dump_logs():
+                print(chunk, file=sys.stderr)
+            raise
+        finally:
+            procs.stop_all()
+    print(table(measurements))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overhead.json").write_bytes(
+        orjson.dumps(
+            [
+                {
+                    **m.__dict__,
+                    "ttfts": None,
+                    "ttft_p50_s": m.ttft(50),
+                    "ttft_p99_s": m.ttft(99),
+                    "cpu_s_per_1000": m.cpu_per_1000(),
+                }
+                for m in measurements
+            ],
+            option=orjson.OPT_INDENT_2,
+        )
+    )
+    return 0 if all(m.failed == 0 for m in measurements) else 1
+
+
+class _affinity:
+    """Pin this process (the load generator) to one CPU for the duration."""
+
+    def __init__(self, cpu: int) -> None:
+        self._cpu = cpu
+        self._saved: set[int] | None = None
+
+    def __enter__(self) -> None:
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > self._cpu:
+            self._saved = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {self._cpu})
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            os.sched_setaffinity(0, self._saved)
