@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from app import __version__
 from app.config import POLICY_NAMES, ConfigError, load_settings
+from app.emulator import cli as emulator_cli
 from loadtest.cli import add_parser as add_bench
 from loadtest.cli import run as run_bench
 
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
-    _add_placeholder(subparsers, "emulate", "run an emulated SGLang DFLASH worker")
+    emulator_cli.add_parser(subparsers)
     add_bench(subparsers)
     return parser
 
@@ -88,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "emulate":
+            return emulator_cli.run(args)
         if args.command == "bench":
             return run_bench(args)
     except ConfigError as exc:

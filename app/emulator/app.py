@@ -1,0 +1,85 @@
+"""``create_emulator_app(config)``: the emulated SGLang DFLASH worker as an ASGI application.
+
+Routes (method, path) -> handler; unknown paths answer 404 and wrong methods 405, both with
+SGLang's ``ErrorResponse`` body.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from app.emulator import control, ops, render
+from app.emulator.asgi import Receive, Scope, Send, respond_json
+from app.emulator.engine import Clock
+from app.emulator.openai import handle_generate
+from app.emulator.worker import EmulatorConfig, Worker
+
+Handler = Callable[[Worker, Scope, Receive, Send], Awaitable[None]]
+
+
+def _routes() -> dict[str, dict[str, Handler]]:
+    generate_chat: Handler = partial(_generate, "chat")
+    generate_text: Handler = partial(_generate, "completion")
+    return {
+        "/v1/chat/completions": {"POST": generate_chat},
+        "/v1/completions": {"POST": generate_text},
+        "/v1/models": {"GET": ops.models},
+        "/health": {"GET": ops.health},
+        "/health_generate": {"GET": ops.health},
+        "/server_info": {"GET": ops.server_info},
+        "/get_server_info": {"GET": ops.server_info},
+        "/model_info": {"GET": ops.model_info},
+        "/get_model_info": {"GET": ops.model_info},
+        "/v1/loads": {"GET": ops.loads},
+        "/abort_request": {"POST": ops.abort_request},
+        "/flush_cache": {"GET": ops.flush_cache, "POST": ops.flush_cache},
+        "/metrics": {"GET": ops.metrics},
+        "/emulator/faults": {"GET": control.get_faults, "POST": control.set_faults},
+        "/emulator/gate": {"GET": control.get_gate, "POST": control.set_gate},
+        "/emulator/stats": {"GET": control.get_stats, "DELETE": control.reset_stats},
+    }
+
+
+async def _generate(kind: str, worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    await handle_generate(worker, kind, scope, receive, send)
+
+
+class EmulatorApp:
+    """The ASGI callable; ``worker`` holds all state (tests may read it in-process)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._routes = _routes()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            methods = self._routes.get(scope["path"])
+            if methods is None:
+                message = f"no route for {scope['method']} {scope['path']}"
+                await respond_json(send, 404, render.error_body(message, "404", 404))
+                return
+            handler = methods.get(scope["method"])
+            if handler is None:
+                await respond_json(send, 405, render.error_body("Method Not Allowed", "405", 405))
+                return
+            await handler(self.worker, scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.worker.stats.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_emulator_app(
+    config: EmulatorConfig, *, clock: Clock | None = None, rng: random.Random | None = None
+) -> EmulatorApp:
+    return EmulatorApp(Worker(config, clock=clock, rng=rng))

@@ -1,0 +1,154 @@
+"""``dflash-gateway emulate``: run one emulated SGLang DFLASH worker under uvicorn.
+
+uvicorn runs with uvloop and httptools, no access log, and a listening socket with TCP_NODELAY
+(accepted connections inherit it), so small SSE events go out at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+from pathlib import Path
+
+from app.emulator.asgi import ConnectionDrop
+from app.emulator.faults import Faults
+from app.emulator.profiles import PROFILE_NAMES
+from app.emulator.worker import DEFAULT_MODEL, DEFAULT_PORT, EmulatorConfig
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "emulate",
+        help="run an emulated SGLang DFLASH worker",
+        description="Run an emulated SGLang worker serving Kimi-K2.5 with DFLASH speculative "
+        "decoding: SGLang's HTTP surface, calibrated verify steps, faults and ground truth.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="bind port (default 30000)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"served model (default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--profile",
+        default="auto",
+        choices=("auto", *PROFILE_NAMES),
+        help="acceptance profile when no X-Emulator-Profile header is sent (default auto: "
+        "classify the prompt)",
+    )
+    p.add_argument(
+        "--speed", type=float, default=1.0, help="time scale, higher is faster (default 1.0)"
+    )
+    p.add_argument("--max-running-requests", type=int, default=48, help="running cap (default 48)")
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="waiting cap; beyond it 'The request queue is full.' (default unbounded)",
+    )
+    p.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long")
+    p.add_argument("--stats-file", type=Path, default=None, help="append request records (JSONL)")
+    p.add_argument("--replay", action="store_true", help="stream pre-rendered chunks (benchmarks)")
+    p.add_argument(
+        "--replay-tokens", type=int, default=256, help="completion tokens per replayed response"
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed of the emulator's random source")
+    p.add_argument(
+        "--enable-cache-report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="report usage.prompt_tokens_details.cached_tokens (default on)",
+    )
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    faults = p.add_argument_group("faults (also settable at run time: POST /emulator/faults)")
+    faults.add_argument("--fail-status", type=int, default=None, help="answer with this status")
+    faults.add_argument("--fail-ratio", type=float, default=1.0, help="share of requests failed")
+    faults.add_argument("--die-after-chunks", type=int, default=None, help="drop after k events")
+    faults.add_argument(
+        "--die-mode", choices=("connection", "process"), default="connection", help="what dies"
+    )
+    faults.add_argument("--hang-before-first-byte", action="store_true", help="never answer")
+    faults.add_argument("--first-byte-delay-s", type=float, default=0.0, help="delay the start")
+    faults.add_argument(
+        "--inband-error-after-chunks", type=int, default=None, help="in-band 503 after k events"
+    )
+    faults.add_argument("--unhealthy", action="store_true", help="/health answers 503")
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    faults = Faults(
+        fail_status=args.fail_status,
+        fail_ratio=args.fail_ratio,
+        die_after_chunks=args.die_after_chunks,
+        die_mode=args.die_mode,
+        hang_before_first_byte=args.hang_before_first_byte,
+        first_byte_delay_s=args.first_byte_delay_s,
+        inband_error_after_chunks=args.inband_error_after_chunks,
+        unhealthy=args.unhealthy,
+    )
+    return EmulatorConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        profile=args.profile,
+        speed=args.speed,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
+        warmup_s=args.warmup_s,
+        stats_file=args.stats_file,
+        replay=args.replay,
+        replay_tokens=args.replay_tokens,
+        enable_cache_report=args.enable_cache_report,
+        seed=args.seed,
+        faults=faults,
+    )
+
+
+class _DropFilter(logging.Filter):
+    """Hide uvicorn's traceback for the deliberate mid-stream connection drop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, ConnectionDrop)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.emulator.app import create_emulator_app
+
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"dflash-gateway emulate: {exc}", flush=True)
+        return 2
+    app = create_emulator_app(config)
+    logging.getLogger("uvicorn.error").addFilter(_DropFilter())
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level=args.log_level,
+            lifespan="on",
+            timeout_keep_alive=30,
+        )
+    )
+    try:
+        sock = _listen(config.host, config.port)
+    except OSError as exc:
+        print(f"dflash-gateway emulate: cannot bind {config.host}:{config.port}: {exc}", flush=True)
+        return 1
+    print(f"emulated SGLang DFLASH worker on http://{config.host}:{config.port}", flush=True)
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,76 @@
+"""The emulator's own control surface (never on a real worker): faults, gate, ground truth."""
+
+from __future__ import annotations
+
+import orjson
+
+from app.emulator import render
+from app.emulator.asgi import Receive, Scope, Send, read_body, respond_json
+from app.emulator.faults import FaultError
+from app.emulator.worker import Worker
+
+
+async def _json_object(receive: Receive, send: Send) -> dict[str, object] | None:
+    try:
+        body = orjson.loads(await read_body(receive) or b"{}")
+    except ValueError as exc:
+        await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        return None
+    if not isinstance(body, dict):
+        error = render.error_body("expected a JSON object", "BadRequestError", 400)
+        await respond_json(send, 400, error)
+        return None
+    return body
+
+
+async def get_faults(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond_json(send, 200, worker.faults.snapshot())
+
+
+async def set_faults(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    """Partial update of the fault modes; ``{"clear": true}`` first resets them all."""
+    body = await _json_object(receive, send)
+    if body is None:
+        return
+    try:
+        worker.faults.update(body)
+    except FaultError as exc:
+        await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        return
+    await respond_json(send, 200, worker.faults.snapshot())
+
+
+async def get_gate(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond_json(send, 200, worker.gate.snapshot())
+
+
+async def set_gate(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    """``{"hold_after_chunks": k}`` or ``{"release": true}``."""
+    body = await _json_object(receive, send)
+    if body is None:
+        return
+    try:
+        if body.get("release"):
+            worker.gate.release()
+        elif "hold_after_chunks" in body:
+            value = body["hold_after_chunks"]
+            if not isinstance(value, int):
+                raise FaultError("hold_after_chunks must be a non-negative integer")
+            worker.gate.hold(value)
+        else:
+            raise FaultError('expected {"hold_after_chunks": k} or {"release": true}')
+    except FaultError as exc:
+        await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        return
+    await respond_json(send, 200, worker.gate.snapshot())
+
+
+async def get_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    active = [req.rid for req in worker.scheduler.active.values()]
+    await respond_json(send, 200, worker.stats.snapshot(active))
+
+
+async def reset_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    """``DELETE /emulator/stats``: forget the in-memory records (the JSONL file is kept)."""
+    worker.stats.reset()
+    await respond_json(send, 200, {"reset": True})

@@ -1,0 +1,135 @@
+"""The emulated scheduler: capacity (running + waiting), step timing, the live request registry.
+
+Latency model (seconds, divided by ``--speed``): a verify step takes
+``step_base_s + step_per_running_s * running`` (~27 ms alone, ~76 ms at 32 running, the order of
+the seed's Kimi-K2.5 numbers), prefill takes ``prefill_base_s + prefill_per_token_s * uncached``.
+Beyond ``max_running`` requests wait in FIFO order; beyond ``max_queued`` waiting ones a new
+request is refused with SGLang's "The request queue is full.".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+
+@dataclass(frozen=True)
+class Timing:
+    speed: float = 1.0
+    step_base_s: float = 0.025
+    step_per_running_s: float = 0.0016
+    prefill_base_s: float = 0.03
+    prefill_per_token_s: float = 0.00005
+
+    def step_s(self, running: int) -> float:
+        return (self.step_base_s + self.step_per_running_s * running) / self.speed
+
+    def prefill_s(self, uncached_tokens: int) -> float:
+        return (self.prefill_base_s + self.prefill_per_token_s * uncached_tokens) / self.speed
+
+
+class QueueFull(Exception):
+    message = "The request queue is full."
+
+
+@dataclass(eq=False)
+class ActiveRequest:
+    """A request the worker knows about, from admission until it finishes."""
+
+    rid: str
+    profile: str
+    stream: bool
+    started: float
+    started_mono: float
+    aborted: str | None = None  # "abort" (abort_request) or "disconnect"
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _slot: asyncio.Future[None] | None = None
+
+    def abort(self, reason: str) -> bool:
+        if self.aborted is not None:
+            return False
+        self.aborted = reason
+        self._wake.set()
+        if self._slot is not None and not self._slot.done():
+            self._slot.cancel()
+        return True
+
+    async def wait_aborted(self) -> None:
+        await self._wake.wait()
+
+
+class Scheduler:
+    """Running/waiting bookkeeping and the registry ``/abort_request`` searches by rid prefix."""
+
+    def __init__(self, max_running: int, max_queued: int | None) -> None:
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.running = 0
+        self._waiting: deque[ActiveRequest] = deque()
+        self.active: dict[int, ActiveRequest] = {}
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def register(self, req: ActiveRequest) -> None:
+        self.active[id(req)] = req
+
+    def unregister(self, req: ActiveRequest) -> None:
+        self.active.pop(id(req), None)
+
+    async def acquire(self, req: ActiveRequest) -> bool:
+        """Take a running slot; False if the request was aborted while waiting."""
+        if self.running < self.max_running and not self._waiting:
+            self.running += 1
+            return True
+        if self.max_queued is not None and len(self._waiting) >= self.max_queued:
+            raise QueueFull
+        req._slot = asyncio.get_running_loop().create_future()
+        self._waiting.append(req)
+        try:
+            await req._slot
+            return True
+        except asyncio.CancelledError:
+            if req.aborted is None:
+                raise
+            return False
+        finally:
+            req._slot = None
+            if req in self._waiting:
+                self._waiting.remove(req)
+
+    def release(self) -> None:
+        while self._waiting:
+            nxt = self._waiting.popleft()
+            if nxt._slot is not None and not nxt._slot.done():
+                nxt._slot.set_result(None)  # the slot passes on; running stays the same
+                return
+        self.running -= 1
+
+    def abort(self, rid: str, abort_all: bool = False) -> int:
+        """Abort every request whose rid starts with ``rid`` (all if ``abort_all``)."""
+        if not abort_all and not rid:
+            return 0
+        count = 0
+        for req in list(self.active.values()):
+            if (abort_all or req.rid.startswith(rid)) and req.abort("abort"):
+                count += 1
+        return count

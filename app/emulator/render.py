@@ -1,0 +1,195 @@
+"""SGLang's exact response bytes: SSE chunks and JSON bodies for chat and text completions.
+
+Two chunk shapes exist in SGLang and both are reproduced: the msgspec fast path
+(``build_sse_content``: ``delta`` always carries ``reasoning_content``, omits unset ``role``/
+``content``, no top-level ``usage`` unless set) for role, reasoning, content and finish chunks; and
+the pydantic ``ChatCompletionStreamResponse`` dump (every delta field, ``"usage": null``) for
+tool-call chunks, content chunks while tool parsing is active, usage chunks and all text
+completion chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from app.emulator.generation import ToolDelta
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def error_body(message: str, err_type: str, code: int) -> dict[str, Any]:
+    """SGLang's ``ErrorResponse`` (``{"object": "error", ...}``)."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+def error_event(message: str, err_type: str, code: int) -> bytes:
+    """SGLang's in-band stream error (``json.dumps`` of ``{"error": ErrorResponse}``)."""
+    return ("data: " + json.dumps({"error": error_body(message, err_type, code)}) + "\n\n").encode()
+
+
+def usage(
+    prompt: int, completion: int, reasoning: int, cached: int | None, *, drop_none: bool = False
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
+        "reasoning_tokens": reasoning,
+        "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
+    }
+    if drop_none:
+        return {k: v for k, v in out.items() if v is not None}
+    return out
+
+
+class ChatChunks:
+    """Chunk bytes for one chat stream."""
+
+    def __init__(self, rid: str, created: int, model: str, tools_active: bool) -> None:
+        self._head = {"id": rid, "object": "chat.completion.chunk", "created": created}
+        self._model = model
+        self.tools_active = tools_active
+
+    def _fast(
+        self, delta: dict[str, Any], finish: str | None, matched: Any, use: dict[str, Any] | None
+    ) -> bytes:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": matched,
+        }
+        chunk = {**self._head, "model": self._model, "choices": [choice]}
+        if use is not None:
+            chunk["usage"] = use
+        return sse(chunk)
+
+    def _full(self, delta: dict[str, Any], use: dict[str, Any] | None) -> bytes:
+        full = {"role": None, "content": None, "reasoning_content": None, **delta}
+        choice = {
+            "index": 0,
+            "delta": full,
+            "logprobs": None,
+            "finish_reason": None,
+            "matched_stop": None,
+        }
+        return sse({**self._head, "model": self._model, "choices": [choice], "usage": use})
+
+    def role(self) -> bytes:
+        delta = {"reasoning_content": None, "role": "assistant", "content": ""}
+        return self._fast(delta, None, None, None)
+
+    def reasoning(self, text: str, use: dict[str, Any] | None = None) -> bytes:
+        return self._fast({"reasoning_content": text}, None, None, use)
+
+    def content(self, text: str, use: dict[str, Any] | None = None) -> bytes:
+        if self.tools_active:
+            return self._full({"content": text}, use)
+        return self._fast({"reasoning_content": None, "content": text}, None, None, use)
+
+    def tool(self, delta: ToolDelta, use: dict[str, Any] | None = None) -> bytes:
+        call = {
+            "id": delta.id,
+            "index": delta.index,
+            "type": "function",
+            "function": {"name": delta.name, "arguments": delta.arguments},
+        }
+        return self._full({"tool_calls": [call]}, use)
+
+    def finish(self, reason: str, matched: int | str | None) -> bytes:
+        return self._fast({"reasoning_content": None}, reason, matched, None)
+
+    def usage(self, use: dict[str, Any]) -> bytes:
+        return sse({**self._head, "model": self._model, "choices": [], "usage": use})
+
+
+class CompletionChunks:
+    """Chunk bytes for one text-completion stream."""
+
+    def __init__(self, rid: str, created: int, model: str) -> None:
+        self._head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+
+    def text(
+        self,
+        text: str,
+        finish: str | None = None,
+        matched: int | str | None = None,
+        use: dict[str, Any] | None = None,
+    ) -> bytes:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": matched,
+        }
+        return sse({**self._head, "choices": [choice], "usage": use})
+
+    def usage(self, use: dict[str, Any]) -> bytes:
+        return sse({**self._head, "choices": [], "usage": use})
+
+
+def chat_response(
+    rid: str,
+    created: int,
+    model: str,
+    message: dict[str, Any],
+    finish: str | None,
+    matched: int | str | None,
+    use: dict[str, Any],
+    meta_info: dict[str, Any] | None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish,
+        "matched_stop": matched,
+    }
+    if meta_info is not None:
+        choice["meta_info"] = meta_info
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+        "metadata": {"weight_version": "default"},
+    }
+
+
+def completion_response(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str | None,
+    matched: int | str | None,
+    use: dict[str, Any],
+) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "matched_stop": matched,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+        "metadata": {"weight_version": "default"},
+    }

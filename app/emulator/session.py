@@ -1,0 +1,202 @@
+"""One request's life on the emulated worker: admission, prefill, verify steps, accounting.
+
+``start()`` takes a running slot (or waits in the queue, or raises ``QueueFull``) and sleeps the
+prefill time, shortened by the prefix cache. ``steps()`` then sleeps one verify step at the
+current batch size before each step it yields. ``finish()`` releases the slot and records ground
+truth and metrics exactly once, whatever ended the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.emulator.engine import ActiveRequest, QueueFull
+from app.emulator.generation import Generation, Step
+from app.emulator.profiles import PROFILE_NAMES, classify
+from app.emulator.requests import GenRequest
+from app.emulator.worker import Worker
+
+
+def request_rng(req: GenRequest, fallback: random.Random) -> random.Random:
+    """Deterministic for (prompt, seed) when seeded or greedy; otherwise from the worker's rng."""
+    if req.seed is None and req.temperature > 0:
+        return random.Random(fallback.getrandbits(64))
+    material = f"{req.kind}|{req.seed}|{req.prompt}".encode()
+    return random.Random(int.from_bytes(hashlib.blake2b(material, digest_size=8).digest()))
+
+
+def pick_profile(header: str | None, configured: str, req: GenRequest) -> str:
+    if header and header.lower() in PROFILE_NAMES:
+        return header.lower()
+    if configured != "auto":
+        return configured
+    return classify(req.last_user)
+
+
+class Session:
+    def __init__(self, worker: Worker, req: GenRequest, profile_header: str | None = None):
+        self.worker = worker
+        self.req = req
+        self.rid = req.rid or f"{worker.rng.getrandbits(128):032x}"
+        self.profile = pick_profile(profile_header, worker.config.profile, req)
+        clock = worker.clock
+        self.created = int(clock.time())
+        self.active = ActiveRequest(
+            rid=self.rid,
+            profile=self.profile,
+            stream=req.stream,
+            started=clock.time(),
+            started_mono=clock.monotonic(),
+        )
+        model = worker.models.get(self.profile, req.temperature)
+        self.gen = Generation(req, self.profile, model, request_rng(req, worker.rng))
+        self.prompt_tokens = req.prompt_tokens
+        self.cached_tokens = 0
+        self.first_token: float | None = None
+        self.chunks_sent = 0
+        self._holding_slot = False
+        self._finished = False
+        self._counted_tokens = 0
+        worker.stats.count("requests")
+        worker.scheduler.register(self.active)
+
+    @property
+    def aborted(self) -> str | None:
+        return self.active.aborted
+
+    async def start(self) -> None:
+        """Admission and prefill; raises ``QueueFull`` when the waiting queue is full."""
+        w = self.worker
+        try:
+            self._holding_slot = await w.scheduler.acquire(self.active)
+        except QueueFull:
+            w.scheduler.unregister(self.active)
+            w.stats.count("queue_rejected")
+            self._finished = True
+            raise
+        w.metrics.on_queued(w.clock.monotonic() - self.active.started_mono)
+        if not self._holding_slot:
+            return
+        keys = w.cache.keys(self.req.prompt)
+        self.cached_tokens = w.cache.match(keys, self.prompt_tokens)
+        w.cache.insert(keys)
+        w.running_tokens += self.prompt_tokens
+        self._counted_tokens = self.prompt_tokens
+        await asyncio.sleep(w.timing.prefill_s(self.prompt_tokens - self.cached_tokens))
+
+    async def steps(self) -> AsyncIterator[Step]:
+        w = self.worker
+        while not self.gen.done:
+            if self.active.aborted:
+                self.gen.abort()
+                return
+            step_s = w.timing.step_s(w.scheduler.running)
+            await asyncio.sleep(step_s)
+            if self.active.aborted:
+                self.gen.abort()
+                return
+            step = self.gen.next_step()
+            if step is None:
+                return
+            if self.first_token is None:
+                self.first_token = w.clock.time()
+                w.metrics.on_first_token(
+                    self.req.stream, w.clock.monotonic() - self.active.started_mono
+                )
+            w.total_tokens += step.tokens
+            w.total_steps += 1
+            w.running_tokens += step.tokens
+            self._counted_tokens += step.tokens
+            w.metrics.on_steps(step.tokens, 1, step_s)
+            yield step
+
+    def usage_counts(self) -> tuple[int, int, int, int | None]:
+        cached = self.cached_tokens if self.worker.config.enable_cache_report else None
+        return (self.prompt_tokens, self.gen.completion_tokens, self.gen.reasoning_tokens, cached)
+
+    def meta_info(self) -> dict[str, Any]:
+        gen = self.gen
+        finish: dict[str, Any] | None = None
+        if gen.finish_reason is not None:
+            finish = {"type": gen.finish_reason}
+            if gen.finish_reason in ("stop", "tool_calls"):
+                finish["matched"] = gen.matched_stop
+        info: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": finish,
+            "prompt_tokens": self.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": gen.reasoning_tokens,
+            "completion_tokens": gen.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "e2e_latency": self.worker.clock.monotonic() - self.active.started_mono,
+        }
+        steps = len(gen.step_tokens)
+        if steps:
+            proposed = steps * 7
+            info.update(
+                spec_accept_rate=gen.correct_drafts / proposed,
+                spec_accept_length=gen.completion_tokens / steps,
+                spec_num_correct_drafts=gen.correct_drafts,
+                spec_num_proposed_drafts=proposed,
+                spec_verify_ct=steps,
+                spec_accept_histogram=gen.histogram(),
+                spec_correct_drafts_histogram=gen.histogram(),
+            )
+        return info
+
+    def finish(self, error: str | None = None) -> None:
+        """Release the slot and record the request; safe to call more than once."""
+        if self._finished:
+            return
+        self._finished = True
+        w = self.worker
+        if self.active.aborted:
+            self.gen.abort()
+        if self._holding_slot:
+            w.scheduler.release()
+            self._holding_slot = False
+        w.scheduler.unregister(self.active)
+        w.running_tokens -= self._counted_tokens
+        gen = self.gen
+        steps = len(gen.step_tokens)
+        e2e = w.clock.monotonic() - self.active.started_mono
+        if self.active.aborted:
+            w.metrics.on_abort()
+        w.metrics.on_finish(
+            stream=self.req.stream,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            completion_tokens=gen.completion_tokens,
+            verify_steps=steps,
+            e2e_s=e2e,
+        )
+        if error is not None:
+            w.stats.count("failed")
+        w.stats.add(
+            {
+                "rid": self.rid,
+                "kind": self.req.kind,
+                "profile": self.profile,
+                "stream": self.req.stream,
+                "steps": steps,
+                "tokens_per_step": list(gen.step_tokens),
+                "completion_tokens": gen.completion_tokens,
+                "reasoning_tokens": gen.reasoning_tokens,
+                "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens,
+                "spec_accept_length": gen.completion_tokens / steps if steps else None,
+                "finish_reason": gen.finish_reason,
+                "aborted": self.active.aborted,
+                "error": error,
+                "chunks_sent": self.chunks_sent,
+                "started": self.active.started,
+                "first_token": self.first_token,
+                "finished": w.clock.time(),
+            }
+        )

@@ -1,0 +1,102 @@
+"""``EmulatorConfig`` and ``Worker``: everything one emulated SGLang DFLASH worker holds.
+
+Built once by ``create_emulator_app`` and passed explicitly to every handler; nothing lives at
+module level. The clock and the root random source are injected here.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.emulator.cache import PrefixCache
+from app.emulator.engine import Clock, Scheduler, SystemClock, Timing
+from app.emulator.faults import Faults, Gate
+from app.emulator.metrics import EmulatorMetrics
+from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels
+from app.emulator.stats import StatsBook
+
+DEFAULT_PORT = 30000
+DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
+CONTEXT_LEN = 262144
+MAX_TOTAL_NUM_TOKENS = 1_000_000
+SGLANG_VERSION = "0.5.23"
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    model: str = DEFAULT_MODEL
+    profile: str = "auto"
+    speed: float = 1.0
+    max_running_requests: int = 48
+    max_queued_requests: int | None = None
+    warmup_s: float = 0.0
+    stats_file: Path | None = None
+    replay: bool = False
+    replay_tokens: int = 256
+    enable_cache_report: bool = True
+    seed: int | None = None
+    faults: Faults = field(default_factory=Faults)
+
+    def __post_init__(self) -> None:
+        if self.profile != "auto" and self.profile not in PROFILE_NAMES:
+            raise ValueError(f"unknown profile {self.profile!r}; one of auto, {PROFILE_NAMES}")
+        if self.speed <= 0:
+            raise ValueError("speed must be > 0")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError("max_queued_requests must be >= 0")
+        self.faults.validate()
+
+
+class Worker:
+    """The emulated worker's state, shared by its handlers."""
+
+    def __init__(
+        self,
+        config: EmulatorConfig,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.rng = rng or random.Random(config.seed)
+        self.timing = Timing(speed=config.speed)
+        self.models = AcceptanceModels()
+        self.scheduler = Scheduler(config.max_running_requests, config.max_queued_requests)
+        self.cache = PrefixCache(MAX_TOTAL_NUM_TOKENS)
+        self.faults = Faults(**config.faults.snapshot())
+        self.gate = Gate()
+        self.stats = StatsBook(config.stats_file)
+        self.metrics = EmulatorMetrics(config.model)
+        self.started_mono = self.clock.monotonic()
+        self.started = self.clock.time()
+        # Cumulative acceptance for /server_info and /v1/loads.
+        self.total_tokens = 0
+        self.total_steps = 0
+        self.running_tokens = 0
+
+    @property
+    def warming_up(self) -> bool:
+        return self.clock.monotonic() - self.started_mono < self.config.warmup_s
+
+    @property
+    def avg_accept_length(self) -> float:
+        return self.total_tokens / self.total_steps if self.total_steps else 0.0
+
+    def refresh_metrics(self) -> None:
+        s = self.scheduler
+        self.metrics.refresh(
+            now=self.clock.monotonic(),
+            running=s.running,
+            waiting=s.waiting,
+            max_running=s.max_running,
+            used_tokens=self.running_tokens,
+            max_total_tokens=MAX_TOTAL_NUM_TOKENS,
+            cache_hit_rate=self.cache.hit_rate,
+        )
