@@ -2,23 +2,84 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
 
 from app import __version__
+from app.accesslog import AccessLog
+from app.api import openai, ops
+from app.api.deps import Gateway
+from app.api.request_id import RequestIdMiddleware
 from app.config import Settings
 from app.errors import install_handlers
+from app.metrics import Metrics
+from app.proxy import Proxy
+from app.routing.policies import make_policy
+from app.upstream.client import UpstreamClient
+from app.workers.discovery import make_discovery
+from app.workers.health import HealthChecker
+from app.workers.pool import EndpointLike, WorkerPool
 
 
-def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
-    """Build the gateway. ``transport`` replaces the upstream HTTP transport (tests)."""
+def create_app(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> FastAPI:
+    """Build the gateway. ``transport`` replaces the upstream HTTP transport (tests); ``clock``
+    and ``rng`` are the time and randomness sources (rids, backoff jitter, random policies)."""
+    rng = rng or random.Random()
+    pool = WorkerPool()
+    client = UpstreamClient(settings, transport)
+    metrics = Metrics()
+    proxy = Proxy(
+        settings=settings,
+        pool=pool,
+        policy=make_policy(
+            settings.policy, rng=rng, load_factor=settings.prefix_affinity_load_factor
+        ),
+        client=client,
+        metrics=metrics,
+        access_log=AccessLog(),
+        clock=clock,
+        rng=rng,
+    )
+    health = HealthChecker(pool, client, settings.health)
+    discovery = make_discovery(settings.discovery, settings.worker_urls)
+    gateway = Gateway(settings=settings, pool=pool, proxy=proxy, metrics=metrics)
+
+    def publish(endpoints: Sequence[EndpointLike]) -> None:
+        pool.reconcile(endpoints)
+        for worker in pool.workers:
+            metrics.add_worker(worker.name)
+        health.kick()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        tasks = [
+            asyncio.create_task(discovery.run(publish), name="discovery"),
+            asyncio.create_task(health.run(), name="health"),
+        ]
+        try:
+            yield
+        finally:
+            gateway.draining = True
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await proxy.aclose()
+            await client.aclose()
 
     app = FastAPI(
         title="dflash-gateway",
@@ -26,13 +87,13 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,
     )
     app.state.settings = settings
     app.state.transport = transport
+    app.state.gateway = gateway
     install_handlers(app)
-
-    @app.get("/livez", include_in_schema=False)
-    async def livez() -> dict[str, str]:
-        return {"status": "ok"}
-
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(openai.router)
+    app.include_router(ops.router)
     return app

@@ -1,0 +1,97 @@
+"""Logging set-up and the structured access log: one record per proxied request.
+
+With ``log_json`` every log line is one JSON object; the access record's fields are top-level keys
+(request_id, route, model, worker, status, ttft_ms, prompt_tokens, completion_tokens, outcome...).
+Otherwise they are rendered as ``key=value`` pairs after the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+ACCESS_LOGGER = "dflash_gateway.access"
+
+
+@dataclass(slots=True)
+class AccessRecord:
+    request_id: str
+    route: str
+    model: str
+    stream: bool
+    worker: str | None = None
+    status: int = 0
+    outcome: str = "ok"
+    attempts: int = 0
+    ttft_ms: float | None = None
+    duration_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    chunks: int = 0
+    error: str | None = None
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            doc.update(fields)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        return line
+
+
+def configure_logging(level: str, *, json: bool) -> dict[str, Any]:
+    """Configure the root logger; returns a uvicorn ``log_config`` using the same formatter."""
+    formatter: logging.Formatter = JsonFormatter() if json else TextFormatter()
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    fmt_class = "app.accesslog.JsonFormatter" if json else "app.accesslog.TextFormatter"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": {"()": fmt_class}},
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "formatter": "default"},
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+        },
+    }
+
+
+class AccessLog:
+    def __init__(self) -> None:
+        self._log = logging.getLogger(ACCESS_LOGGER)
+
+    def emit(self, record: AccessRecord) -> None:
+        if self._log.isEnabledFor(logging.INFO):
+            fields = {k: v for k, v in asdict(record).items() if v is not None}
+            self._log.info("request", extra={"fields": fields})

@@ -1,0 +1,38 @@
+"""What handlers may use, as ``Annotated[..., Depends(...)]`` aliases over ``app.state``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.config import Settings
+from app.metrics import Metrics
+from app.proxy import Proxy
+from app.workers.pool import WorkerPool
+
+
+@dataclass(slots=True)
+class Gateway:
+    """Everything ``create_app`` builds for one process."""
+
+    settings: Settings
+    pool: WorkerPool
+    proxy: Proxy
+    metrics: Metrics
+    draining: bool = False
+
+
+def get_gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def get_request_id(request: Request) -> str:
+    request_id: str = request.scope["state"]["request_id"]
+    return request_id
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+RequestIdDep = Annotated[str, Depends(get_request_id)]

@@ -1,0 +1,62 @@
+"""Operational endpoints: liveness, readiness, Prometheus metrics, the worker table (read-only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.responses import JSONResponse, Response
+
+from app.api.deps import GatewayDep
+from app.metrics import CONTENT_TYPE
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/livez")
+async def livez() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+@router.get("/health")
+async def readyz(gw: GatewayDep) -> Response:
+    healthy = sum(1 for w in gw.pool.workers if w.routable)
+    ready = healthy > 0 and not gw.draining
+    body = {
+        "status": "ready" if ready else ("draining" if gw.draining else "no_healthy_worker"),
+        "healthy_workers": healthy,
+        "workers": len(gw.pool.workers),
+    }
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(gw: GatewayDep) -> Response:
+    gw.metrics.observe_in_flight({w.name: w.in_flight for w in gw.pool.workers})
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/workers")
+async def workers(gw: GatewayDep) -> dict[str, Any]:
+    return {
+        "policy": gw.settings.policy,
+        "draining": gw.draining,
+        "workers": [
+            {
+                "name": w.name,
+                "url": w.url,
+                "state": w.state.value,
+                "routable": w.routable,
+                "models": list(w.models),
+                "in_flight": w.in_flight,
+                "load": {
+                    "running": w.load.running,
+                    "waiting": w.load.waiting,
+                    "token_usage": w.load.token_usage,
+                    "accept_length": w.load.accept_length,
+                },
+            }
+            for w in gw.pool.workers
+        ],
+    }

@@ -1,0 +1,49 @@
+"""X-Request-Id: accepted from the client (if sane) or minted, and echoed on every response.
+
+A pure ASGI middleware (no ``BaseHTTPMiddleware``): it touches only the response start message.
+It also leaves the send it was given in ``scope["dflash.send"]`` so the streaming proxy response
+can skip the per-chunk wrapper layers between here and the route.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from app.streaming import Message, Receive, Send
+
+HEADER = b"x-request-id"
+_MAX_LEN = 128
+
+
+def _acceptable(value: bytes) -> bool:
+    return 0 < len(value) <= _MAX_LEN and all(0x21 <= c <= 0x7E for c in value)
+
+
+class RequestIdMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = b""
+        for name, value in scope["headers"]:
+            if name == HEADER:
+                raw = value
+                break
+        if not _acceptable(raw):
+            raw = uuid.uuid4().hex.encode()
+        scope.setdefault("state", {})["request_id"] = raw.decode("ascii")
+        scope["dflash.send"] = send
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(k.lower() == HEADER for k, _ in headers):
+                    headers.append((HEADER, raw))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

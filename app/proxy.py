@@ -1,0 +1,325 @@
+"""forward(): pick a worker → count it in flight → send → relay → record.
+
+Retries happen only before the commit point (the first upstream ``data:`` event relayed to the
+client), on a worker not yet tried, and every failed attempt that may have reached its worker is
+aborted there (``POST /abort_request`` with that attempt's rid). After the commit point a failure
+becomes ``data: {"error": ...}`` + ``data: [DONE]``: never a silent truncation, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.responses import Response
+
+from app.accesslog import AccessLog, AccessRecord
+from app.config import Settings
+from app.errors import (
+    GatewayError,
+    ServiceUnavailable,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamStreamBroken,
+    UpstreamTimeout,
+)
+from app.metrics import Metrics
+from app.protocol import ParsedRequest
+from app.routing.policies import Policy, RoutingContext
+from app.streaming import DISCONNECT, TIMEOUT, Downstream, Receive, Send, Supervisor
+from app.upstream.client import UpstreamClient, map_transport_error
+from app.upstream.sse import SSEObserver, Usage, parse_usage
+from app.workers.pool import WorkerPool
+from app.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class Job:
+    """One client request on its way through the gateway."""
+
+    request: ParsedRequest
+    headers: list[tuple[bytes, bytes]]  # forwardable client headers
+    request_id: str
+    ctx: RoutingContext
+    record: AccessRecord
+    started: float
+    committed: bool = False  # the first upstream data event reached the client: no more retries
+
+
+class ProxyResponse(Response):
+    """A raw ASGI response: the whole upstream exchange runs when it is sent."""
+
+    def __init__(self, proxy: Proxy, job: Job) -> None:
+        self._proxy = proxy
+        self._job = job
+        self.background = None
+        self.status_code = 200
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        # The server's own send (set by RequestIdMiddleware): skips per-chunk wrapper layers.
+        await self._proxy.run(self._job, receive, scope.get("dflash.send", send))
+
+
+class Proxy:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        pool: WorkerPool,
+        policy: Policy,
+        client: UpstreamClient,
+        metrics: Metrics,
+        access_log: AccessLog,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._policy = policy
+        self._client = client
+        self._metrics = metrics
+        self._access = access_log
+        self._clock = clock
+        self._rng = rng
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def aclose(self) -> None:
+        """Let pending aborts finish (briefly) at shutdown."""
+        if self._background:
+            await asyncio.wait(self._background, timeout=2.0)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, worker: Worker, rid: str) -> None:
+        self._metrics.record_abort()
+        if not await self._client.abort(worker, rid):
+            log.info("abort of %s on %s was not acknowledged", rid, worker.name)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def new_rid(self) -> str:
+        return uuid.UUID(int=self._rng.getrandbits(128), version=4).hex
+
+    async def run(self, job: Job, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        down = Downstream(send, job.request_id, stream=job.request.stream, clock=self._clock)
+        sup = Supervisor(
+            task=task,
+            receive=receive,
+            downstream=down,
+            timeouts=self._settings.timeouts,
+            clock=self._clock,
+        )
+        record = job.record
+        sup.start()
+        try:
+            await self._forward(job, down, sup)
+        except asyncio.CancelledError:
+            if sup.reason != DISCONNECT:
+                raise
+            task.uncancel()
+            record.outcome = DISCONNECT
+            record.status = 499
+        finally:
+            await sup.stop()
+            record.duration_ms = round((self._clock() - job.started) * 1000, 3)
+            if job.request.stream:
+                self._metrics.record_stream(record.outcome)
+            self._metrics.record_request(job.request.route.value, job.ctx.model, record.status)
+            self._access.emit(record)
+
+    async def _forward(self, job: Job, down: Downstream, sup: Supervisor) -> None:
+        retry = self._settings.retry
+        budget_end = self._clock() + retry.budget_s
+        tried: set[str] = set()
+        error: GatewayError | None = None
+        for attempt in range(1, retry.max_attempts + 1):
+            candidates = [w for w in self._pool.available(job.ctx.model) if w.name not in tried]
+            if not candidates:
+                break
+            worker = self._policy.pick(job.ctx, candidates)
+            tried.add(worker.name)
+            job.record.attempts = attempt
+            job.record.worker = worker.name
+            try:
+                await self._attempt(job, worker, down, sup)
+                return
+            except UpstreamError as exc:
+                error = exc
+                last = attempt == retry.max_attempts or self._clock() >= budget_end
+                if job.committed or not exc.retryable or last or not self._has_other(job, tried):
+                    break
+                self._metrics.record_retry(exc.code or "error")
+                log.info("retrying %s after %s on %s", job.request_id, exc.code, worker.name)
+                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (attempt - 1))
+                await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
+        if error is None:
+            error = ServiceUnavailable(
+                f"no healthy worker is serving {job.ctx.model!r}",
+                retry_after=self._settings.admission.retry_after_s,
+            )
+            job.record.outcome = "no_worker"
+        else:
+            job.record.outcome = _outcome(error)
+        if error.status == 503 and error.retry_after is None:
+            error.retry_after = self._settings.admission.retry_after_s
+        job.record.status = 200 if down.started else error.status
+        job.record.error = error.message
+        await down.fail(error)
+
+    def _has_other(self, job: Job, tried: set[str]) -> bool:
+        return any(w.name not in tried for w in self._pool.available(job.ctx.model))
+
+    async def _attempt(self, job: Job, worker: Worker, down: Downstream, sup: Supervisor) -> None:
+        rid = self.new_rid()
+        body = job.request.upstream_body(rid)
+        # Abort on the worker unless the request finished there or provably never ran there.
+        abort = True
+        outcome = "cancelled"
+        with worker.track():
+            sup.begin_attempt()
+            try:
+                response = await self._client.open(
+                    worker, job.request.route.value, body, job.headers
+                )
+                try:
+                    sup.receiving = True
+                    sup.last_rx = self._clock()
+                    if job.request.stream:
+                        await self._relay(job, worker, response, down, sup)
+                    else:
+                        await self._relay_whole(worker, response, down, job.record)
+                finally:
+                    await response.aclose()
+                abort = False
+                outcome = "ok"
+            except asyncio.CancelledError:
+                if sup.reason != TIMEOUT:
+                    raise  # client gone (or shutdown): abort below, then unwind
+                _uncancel()
+                sup.clear()
+                outcome = "timeout"
+                raise UpstreamTimeout(
+                    f"worker {worker.name} went silent for too long"
+                    if sup.receiving
+                    else f"worker {worker.name} sent no response in time"
+                ) from None
+            except UpstreamError as exc:
+                outcome = _attempt_outcome(exc)
+                # Refused connections never reached it; an error status means nothing runs.
+                if isinstance(exc, UpstreamStatusError) or (
+                    isinstance(exc, UpstreamConnectError) and not sup.receiving
+                ):
+                    abort = False
+                raise
+            finally:
+                sup.end_attempt()
+                self._metrics.record_attempt(worker.name, outcome)
+                if abort:
+                    self._spawn(self._abort(worker, rid))
+
+    async def _relay(
+        self,
+        job: Job,
+        worker: Worker,
+        response: httpx.Response,
+        down: Downstream,
+        sup: Supervisor,
+    ) -> None:
+        """The hot loop: upstream bytes out to the client as they arrive, observed in passing."""
+        record = job.record
+        obs = SSEObserver(drop_usage=not job.request.client_wants_usage)
+        clock = self._clock
+        chunk_out = down.chunk
+        chunks = response.aiter_raw()
+        try:
+            async for chunk in chunks:
+                sup.last_rx = clock()
+                out = obs.feed(chunk)
+                if out:
+                    await chunk_out(out)
+                    if obs.first_data:
+                        job.committed = True
+                        record.ttft_ms = round((clock() - job.started) * 1000, 3)
+                        break
+            async for chunk in chunks:
+                sup.last_rx = clock()
+                out = obs.feed(chunk)
+                if out:
+                    await chunk_out(out)
+            rest = obs.finish()
+            if rest:
+                await chunk_out(rest)
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, worker, committed=obs.first_data) from None
+        finally:
+            record.chunks = obs.chunks
+            _set_usage(record, obs.usage)
+        if not obs.done:
+            broken = UpstreamStreamBroken(f"worker {worker.name} ended the stream without [DONE]")
+            broken.retryable = not obs.first_data
+            raise broken
+        if obs.inband_error:
+            record.outcome = "upstream_error"
+        record.status = 200
+        await down.end()
+
+    async def _relay_whole(
+        self, worker: Worker, response: httpx.Response, down: Downstream, record: AccessRecord
+    ) -> None:
+        try:
+            body = await response.aread()
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, worker, committed=False) from None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            _set_usage(record, parse_usage(orjson.loads(body)))
+        record.status = response.status_code
+        content_type = response.headers.get("content-type", "application/json")
+        await down.complete(response.status_code, body, content_type.encode("latin-1"))
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _set_usage(record: AccessRecord, usage: Usage | None) -> None:
+    if usage is not None:
+        record.prompt_tokens = usage.prompt_tokens
+        record.completion_tokens = usage.completion_tokens
+
+
+def _attempt_outcome(exc: UpstreamError) -> str:
+    if isinstance(exc, UpstreamTimeout):
+        return "timeout"
+    if isinstance(exc, UpstreamConnectError):
+        return "connect_error"
+    if isinstance(exc, UpstreamStatusError):
+        return "status_error"
+    return "broken"
+
+
+def _outcome(error: GatewayError) -> str:
+    if isinstance(error, UpstreamTimeout):
+        return "upstream_timeout"
+    if isinstance(error, UpstreamStreamBroken):
+        return "stream_broken"
+    return "upstream_error"

@@ -1,0 +1,93 @@
+"""Active health checks: ``GET /health`` on every worker each ``health.interval_s``.
+
+A worker becomes HEALTHY after ``success_threshold`` consecutive 200s and once its models are
+known (``GET /v1/models``); a worker still loading answers 503 and stays STARTING, so it gets no
+traffic. A HEALTHY worker turns UNHEALTHY after ``failure_threshold`` consecutive failures.
+DRAINING is owned by discovery and left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from app.config import HealthConfig
+from app.errors import UpstreamError
+from app.upstream.client import UpstreamClient
+from app.workers.pool import WorkerPool
+from app.workers.worker import Worker, WorkerState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Streak:
+    successes: int = 0
+    failures: int = 0
+
+
+class HealthChecker:
+    def __init__(self, pool: WorkerPool, client: UpstreamClient, config: HealthConfig) -> None:
+        self._pool = pool
+        self._client = client
+        self._config = config
+        self._streaks: dict[str, _Streak] = {}
+        self._kicked = asyncio.Event()
+
+    def kick(self) -> None:
+        """Check again now (membership changed), not at the next interval."""
+        self._kicked.set()
+
+    async def run(self) -> None:
+        """Check every worker now, then every interval (or when kicked), until cancelled."""
+        while True:
+            self._kicked.clear()
+            await self.check_all()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kicked.wait(), self._config.interval_s)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(w) for w in self._pool.workers))
+
+    async def check(self, worker: Worker) -> None:
+        streak = self._streaks.setdefault(worker.name, _Streak())
+        ok = await self._probe(worker)
+        if ok:
+            streak.successes += 1
+            streak.failures = 0
+        else:
+            streak.failures += 1
+            streak.successes = 0
+        if worker.state is WorkerState.DRAINING:
+            return
+        if worker.state is WorkerState.HEALTHY:
+            if streak.failures >= self._config.failure_threshold:
+                log.warning("worker %s failed %d health checks", worker.name, streak.failures)
+                worker.state = WorkerState.UNHEALTHY
+        elif (
+            ok
+            and streak.successes >= self._config.success_threshold
+            and await self._discover(worker)
+        ):
+            log.info("worker %s is healthy, serving %s", worker.name, ", ".join(worker.models))
+            worker.state = WorkerState.HEALTHY
+
+    async def _probe(self, worker: Worker) -> bool:
+        try:
+            status, _ = await self._client.get(worker, "/health", self._config.timeout_s)
+        except UpstreamError:
+            return False
+        return status == 200
+
+    async def _discover(self, worker: Worker) -> bool:
+        try:
+            status, data = await self._client.get(worker, "/v1/models", self._config.timeout_s)
+        except UpstreamError:
+            return False
+        cards = data.get("data") if isinstance(data, dict) else None
+        if status != 200 or not isinstance(cards, list):
+            return False
+        self._pool.set_models(worker, [c for c in cards if isinstance(c, dict)])
+        return bool(worker.models)

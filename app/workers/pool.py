@@ -1,0 +1,87 @@
+"""WorkerPool: which workers exist, and which of them may take a request for a model now."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from app.workers.worker import Worker, WorkerState
+
+
+class EndpointLike(Protocol):
+    """What a discovery source publishes per worker (``app.workers.discovery.Endpoint``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+
+class WorkerPool:
+    def __init__(self, urls: Sequence[str] = ()) -> None:
+        self._workers: dict[str, Worker] = {}
+        # The worker's own /v1/models entry per model id (max_model_len etc.), for /v1/models.
+        self._cards: dict[str, dict[str, Any]] = {}
+        for url in urls:
+            worker = Worker(url)
+            self._workers[worker.name] = worker
+
+    @property
+    def workers(self) -> tuple[Worker, ...]:
+        return tuple(self._workers.values())
+
+    def get(self, name: str) -> Worker | None:
+        return self._workers.get(name)
+
+    def available(self, model: str) -> list[Worker]:
+        """Healthy workers serving ``model`` (the candidates a policy picks from)."""
+        return [w for w in self._workers.values() if w.routable and model in w.models]
+
+    def any_routable(self) -> bool:
+        return any(w.routable for w in self._workers.values())
+
+    def served_models(self) -> list[str]:
+        """Every model a known worker has reported, in first-seen order."""
+        seen: dict[str, None] = {}
+        for worker in self._workers.values():
+            for model in worker.models:
+                seen.setdefault(model, None)
+        return list(seen)
+
+    def card(self, model: str) -> dict[str, Any]:
+        return dict(self._cards.get(model) or {"id": model, "object": "model"})
+
+    def set_models(self, worker: Worker, cards: Iterable[dict[str, Any]]) -> None:
+        ids: list[str] = []
+        for card in cards:
+            model_id = card.get("id")
+            if isinstance(model_id, str) and model_id:
+                ids.append(model_id)
+                self._cards.setdefault(model_id, card)
+        worker.models = tuple(ids)
+
+    def reconcile(self, endpoints: Iterable[EndpointLike]) -> None:
+        """Make membership match a discovery snapshot. A worker that disappears while it still has
+        requests in flight stays (draining) until they finish; new workers start STARTING."""
+        seen: set[str] = set()
+        for endpoint in endpoints:
+            seen.add(endpoint.name)
+            worker = self._workers.get(endpoint.name)
+            if worker is None or worker.url != endpoint.url.rstrip("/"):
+                worker = Worker(endpoint.url, name=endpoint.name)
+                self._workers[endpoint.name] = worker
+            if endpoint.draining:
+                worker.state = WorkerState.DRAINING
+            elif worker.state is WorkerState.DRAINING:
+                worker.state = WorkerState.STARTING
+        for name in list(self._workers):
+            if name not in seen:
+                worker = self._workers[name]
+                if worker.in_flight:
+                    worker.state = WorkerState.DRAINING
+                else:
+                    del self._workers[name]

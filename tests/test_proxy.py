@@ -1,0 +1,242 @@
+"""The proxy against scripted workers (httpx.MockTransport), driven through raw ASGI."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import orjson
+import pytest
+
+from app.errors import SSE_DONE
+from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, chat_chunks, wait_for
+
+CHAT = "/v1/chat/completions"
+W1, W2 = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def events(body: bytes) -> list[bytes]:
+    return [e + b"\n\n" for e in body.split(b"\n\n") if e]
+
+
+async def test_stream_relays_the_workers_bytes_and_drops_the_forced_usage_chunk() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+    sent = worker.requests[0]
+    assert sent["stream_options"] == {"include_usage": True}  # forced
+    expected = chat_chunks(sent["rid"], worker.texts)
+    assert ex.status == 200
+    assert ex.body == b"".join(c for c in expected if b'"choices":[]' not in c)
+    assert ex.complete
+    assert ex.headers["content-type"] == "text/event-stream"
+    assert ex.headers["cache-control"] == "no-cache"
+    assert ex.headers["x-accel-buffering"] == "no"
+    assert re.fullmatch(r"[0-9a-f]{32}", ex.headers["x-request-id"])
+
+
+async def test_stream_with_include_usage_is_byte_identical() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
+    assert ex.body == b"".join(chat_chunks(worker.requests[0]["rid"], worker.texts))
+
+
+async def test_non_stream_body_is_the_workers() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat())
+    assert ex.status == 200
+    assert ex.json()["id"] == worker.requests[0]["rid"]
+    assert ex.json()["choices"][0]["message"]["content"] == "Hello!"
+    assert ex.headers["content-type"] == "application/json"
+
+
+async def test_body_forwarded_with_fresh_rid_and_unknown_fields() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker]) as gw:
+        await gw.post(CHAT, chat(rid="client-rid", foo={"bar": [1, 2]}, top_k=5))
+        await gw.post(CHAT, chat(foo=1))
+    first, second = worker.requests
+    assert re.fullmatch(r"[0-9a-f]{32}", first["rid"]) and first["rid"] != "client-rid"
+    assert first["rid"] != second["rid"]
+    assert first["foo"] == {"bar": [1, 2]} and first["top_k"] == 5
+    assert first["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_headers_to_workers() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker], worker_api_key="worker-secret") as gw:
+        ex = await gw.post(
+            CHAT,
+            chat(),
+            headers={
+                "Authorization": "Bearer client-key",
+                "Cookie": "a=b",
+                "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "X-Request-Id": "req-123",
+                "X-Emulator-Profile": "gsm8k",
+                "Connection": "keep-alive, X-Hop",
+                "X-Hop": "1",
+            },
+        )
+    sent = worker.headers[0]
+    assert sent["authorization"] == "Bearer worker-secret"
+    assert "cookie" not in sent and "x-hop" not in sent
+    assert sent["traceparent"].startswith("00-0af7")
+    assert sent["x-request-id"] == "req-123"
+    assert sent["x-emulator-profile"] == "gsm8k"
+    assert ex.headers["x-request-id"] == "req-123"
+
+
+async def test_no_client_authorization_without_a_worker_key() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker]) as gw:
+        await gw.post(CHAT, chat(), headers={"Authorization": "Bearer client-key"})
+    assert "authorization" not in worker.headers[0]
+
+
+async def test_max_tokens_default_and_clamp() -> None:
+    worker = FakeWorker(W1)
+    limits = {"default_max_tokens": 100, "max_tokens_cap": 1000}
+    async with GatewayHarness([worker], limits=limits) as gw:
+        await gw.post(CHAT, chat())
+        await gw.post(CHAT, chat(max_tokens=5000))
+        await gw.post(CHAT, chat(max_completion_tokens=50))
+    assert worker.requests[0]["max_tokens"] == 100
+    assert worker.requests[1]["max_tokens"] == 1000
+    assert worker.requests[2]["max_completion_tokens"] == 50
+    assert "max_tokens" not in worker.requests[2]
+
+
+async def test_alias_is_resolved_for_the_worker() -> None:
+    worker = FakeWorker(W1)
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat(model="kimi-k2.5"))
+    assert ex.status == 200
+    assert worker.requests[0]["model"] == MODEL
+
+
+async def test_no_buffering_chunk_k_arrives_while_the_worker_holds() -> None:
+    worker = FakeWorker(W1, hold_after=2)
+    got: list[bytes] = []
+    async with GatewayHarness([worker]) as gw:
+        task = asyncio.create_task(gw.post(CHAT, chat(stream=True), on_chunk=got.append))
+        await asyncio.wait_for(worker.held.wait(), 5)
+        await wait_for(lambda: len(got) >= 2)
+        assert not task.done()
+        assert got[1] == chat_chunks(worker.requests[0]["rid"], worker.texts)[1]
+        worker.release.set()
+        ex = await task
+    assert ex.body.endswith(SSE_DONE)
+
+
+async def test_keepalive_during_silence_then_the_stream_continues() -> None:
+    worker = FakeWorker(W1, hold_after=0)
+    got: list[bytes] = []
+    async with GatewayHarness([worker], timeouts={"keepalive_s": 0.05}) as gw:
+        task = asyncio.create_task(gw.post(CHAT, chat(stream=True), on_chunk=got.append))
+        await wait_for(lambda: b": keep-alive\n\n" in got)
+        worker.release.set()
+        ex = await task
+    assert ex.status == 200
+    assert ex.chunks[0] == b": keep-alive\n\n"
+    assert ex.body.endswith(SSE_DONE)
+
+
+async def test_client_disconnect_aborts_on_the_same_worker() -> None:
+    worker = FakeWorker(W1, hold_after=2)
+    gone = asyncio.Event()
+    async with GatewayHarness([worker]) as gw:
+        task = asyncio.create_task(gw.post(CHAT, chat(stream=True), disconnect=gone))
+        await asyncio.wait_for(worker.held.wait(), 5)
+        gone.set()
+        await asyncio.wait_for(task, 5)
+        await wait_for(lambda: worker.aborted)
+        assert worker.aborted == [worker.requests[0]["rid"]]
+        assert worker.closed.is_set()
+        assert gw.gateway.pool.workers[0].in_flight == 0
+
+
+async def test_worker_dying_mid_stream_gives_error_event_then_done() -> None:
+    worker = FakeWorker(W1, die_after=3)
+    other = FakeWorker(W2)
+    async with GatewayHarness([worker, other]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+    assert ex.status == 200
+    evs = events(ex.body)
+    assert evs[-1] == SSE_DONE
+    err = orjson.loads(evs[-2][len(b"data: ") :])
+    assert err["error"]["code"] == "stream_interrupted"
+    assert evs[:-2] == chat_chunks(worker.requests[0]["rid"], worker.texts)[:3]
+    assert not other.requests  # committed: never retried
+
+
+@pytest.mark.parametrize(
+    "failure", [{"fail_status": 503}, {"die_after": 0}, {"leading_error": 503}]
+)
+async def test_failure_before_commit_is_retried_on_another_worker(
+    failure: dict[str, int],
+) -> None:
+    bad = FakeWorker(W1, **failure)  # type: ignore[arg-type]
+    good = FakeWorker(W2)
+    async with GatewayHarness([bad, good], policy="round_robin") as gw:
+        results = [await gw.post(CHAT, chat(stream=True)) for _ in range(2)]
+    for ex in results:
+        assert ex.status == 200
+        assert ex.body.endswith(SSE_DONE)
+        assert b'"error"' not in ex.body
+    assert bad.requests and len(good.requests) == 2
+    assert bad.requests[0]["rid"] not in {r["rid"] for r in good.requests}
+    if "die_after" in failure:
+        await wait_for(lambda: bad.aborted)
+
+
+async def test_all_workers_failing_returns_their_status_with_retry_after() -> None:
+    async with GatewayHarness([FakeWorker(W1, fail_status=503)]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+    assert ex.status == 503
+    assert ex.headers["retry-after"]
+    assert ex.json()["error"]["message"] == "The request queue is full."
+
+
+async def test_worker_4xx_is_rewrapped_and_not_retried() -> None:
+    bad, good = FakeWorker(W1, fail_status=400), FakeWorker(W2)
+    async with GatewayHarness([bad, good], policy="round_robin") as gw:
+        ex = await gw.post(CHAT, chat())
+    assert ex.status == 400
+    assert set(ex.json()["error"]) == {"message", "type", "param", "code"}
+    assert not good.requests
+
+
+async def test_upstream_timeout_is_504_and_aborted() -> None:
+    worker = FakeWorker(W1, hang=True)
+    async with GatewayHarness([worker], timeouts={"first_byte_s": 0.1}) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+        await wait_for(lambda: worker.aborted)
+        assert gw.gateway.pool.workers[0].in_flight == 0
+    assert ex.status == 504
+    assert ex.json()["error"]["code"] == "upstream_timeout"
+
+
+async def test_idle_timeout_after_commit_is_an_error_event() -> None:
+    worker = FakeWorker(W1, hold_after=2)
+    async with GatewayHarness([worker], timeouts={"idle_s": 0.1}) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+        await wait_for(lambda: worker.aborted)
+    assert ex.status == 200
+    evs = events(ex.body)
+    assert evs[-1] == SSE_DONE
+    assert orjson.loads(evs[-2][6:])["error"]["code"] == "upstream_timeout"
+
+
+async def test_no_healthy_worker_is_503_with_retry_after() -> None:
+    async with GatewayHarness([FakeWorker(W1), FakeWorker(W2, healthy=False)]) as gw:
+        gw.gateway.pool.workers[0].state = gw.gateway.pool.workers[1].state
+        ex = await gw.post(CHAT, chat())
+    assert ex.status == 503
+    assert ex.headers["retry-after"] == "2"
