@@ -1,0 +1,123 @@
+{{/* Chart name, truncated to the 63 characters a DNS label allows. */}}
+{{- define "dflash-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: "<release>-<chart>", or the release name when it already contains the chart name.
+Truncated to 56 characters so that "<fullname>-worker" stays a valid name. */}}
+{{- define "dflash-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 56 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 56 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 56 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the workers' StatefulSet and of their headless Service (the discovery target). */}}
+{{- define "dflash-gateway.workerName" -}}
+{{- printf "%s-worker" (include "dflash-gateway.fullname" .) }}
+{{- end }}
+
+{{- define "dflash-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every resource. */}}
+{{- define "dflash-gateway.labels" -}}
+helm.sh/chart: {{ include "dflash-gateway.chart" . }}
+app.kubernetes.io/name: {{ include "dflash-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dflash-gateway
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component (gateway | worker | test). Call with (dict "ctx" $ "component" "gateway"). */}}
+{{- define "dflash-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dflash-gateway.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The label selector (string form) the gateway uses to discover workers: exactly the worker
+pods' selector labels, which the headless Service also carries (EndpointSlices inherit them). */}}
+{{- define "dflash-gateway.workerSelectorString" -}}
+{{- $sel := include "dflash-gateway.selectorLabels" (dict "ctx" . "component" "worker") | fromYaml }}
+{{- $parts := list }}
+{{- range $k := keys $sel | sortAlpha }}
+{{- $parts = append $parts (printf "%s=%s" $k (get $sel $k)) }}
+{{- end }}
+{{- join "," $parts }}
+{{- end }}
+
+{{- define "dflash-gateway.serviceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create }}
+{{- default (include "dflash-gateway.fullname" .) .Values.gateway.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.gateway.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* image reference from {repository, tag, digest}; call with (dict "image" .Values.x.image "default" tag). */}}
+{{- define "dflash-gateway.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .default .image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/* Discovery mode actually used: static when external worker URLs are given. */}}
+{{- define "dflash-gateway.discoveryMode" -}}
+{{- if .Values.externalWorkers.urls }}static{{ else }}{{ .Values.gateway.discovery.mode }}{{ end }}
+{{- end }}
+
+{{- define "dflash-gateway.discoveryNamespace" -}}
+{{- default .Release.Namespace .Values.gateway.discovery.namespace }}
+{{- end }}
+
+{{/* Secret holding client API keys (chart-made or existing); empty when none. */}}
+{{- define "dflash-gateway.apiKeysSecret" -}}
+{{- if .Values.gateway.apiKeys.existingSecret }}{{ .Values.gateway.apiKeys.existingSecret }}
+{{- else if .Values.gateway.apiKeys.keys }}{{ include "dflash-gateway.fullname" . }}-api-keys
+{{- end }}
+{{- end }}
+
+{{/* Secret holding the workers' API key (chart-made or existing); empty when none. */}}
+{{- define "dflash-gateway.workerKeySecret" -}}
+{{- if .Values.gateway.workerApiKey.existingSecret }}{{ .Values.gateway.workerApiKey.existingSecret }}
+{{- else if .Values.gateway.workerApiKey.value }}{{ include "dflash-gateway.fullname" . }}-worker-api-key
+{{- end }}
+{{- end }}
+
+{{/* The model name clients send (and the helm test uses). */}}
+{{- define "dflash-gateway.servedModel" -}}
+{{- default .Values.workers.sglang.modelPath .Values.workers.sglang.servedModelName }}
+{{- end }}
+
+{{/* Checks that values fit together; fails the render with a clear message otherwise. */}}
+{{- define "dflash-gateway.validate" -}}
+{{- if and .Values.workers.enabled .Values.externalWorkers.urls }}
+{{- fail "externalWorkers.urls needs workers.enabled=false (the gateway uses one worker source)" }}
+{{- end }}
+{{- if and (not .Values.workers.enabled) (not .Values.externalWorkers.urls) (not (.Values.gateway.settings.discovery)) }}
+{{- fail "workers.enabled=false needs externalWorkers.urls or gateway.settings.discovery (else the gateway has no workers)" }}
+{{- end }}
+{{- if ne (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize) }}
+{{- fail (printf "workers.gpus (%d) must equal workers.sglang.tpSize (%d): a DFLASH worker uses exactly tp GPUs" (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize)) }}
+{{- end }}
+{{- if le (int .Values.gateway.terminationGracePeriodSeconds) (add (int .Values.gateway.preStopSleepSeconds) (int .Values.gateway.drainSeconds)) }}
+{{- fail "gateway.terminationGracePeriodSeconds must exceed gateway.preStopSleepSeconds + gateway.drainSeconds" }}
+{{- end }}
+{{- if and .Values.gateway.autoscaling.enabled (lt (int .Values.gateway.autoscaling.maxReplicas) (int .Values.gateway.autoscaling.minReplicas)) }}
+{{- fail "gateway.autoscaling.maxReplicas must be >= minReplicas" }}
+{{- end }}
+{{- end }}
