@@ -14,14 +14,15 @@ from app.emulator import control, ops, render
 from app.emulator.asgi import Receive, Scope, Send, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
+from app.emulator.replay import ReplayBook
 from app.emulator.worker import EmulatorConfig, Worker
 
 Handler = Callable[[Worker, Scope, Receive, Send], Awaitable[None]]
 
 
-def _routes() -> dict[str, dict[str, Handler]]:
-    generate_chat: Handler = partial(_generate, "chat")
-    generate_text: Handler = partial(_generate, "completion")
+def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
+    generate_chat: Handler = partial(_generate, replay, "chat")
+    generate_text: Handler = partial(_generate, replay, "completion")
     return {
         "/v1/chat/completions": {"POST": generate_chat},
         "/v1/completions": {"POST": generate_text},
@@ -42,8 +43,10 @@ def _routes() -> dict[str, dict[str, Handler]]:
     }
 
 
-async def _generate(kind: str, worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
-    await handle_generate(worker, kind, scope, receive, send)
+async def _generate(
+    replay: ReplayBook | None, kind: str, worker: Worker, scope: Scope, receive: Receive, send: Send
+) -> None:
+    await handle_generate(worker, replay, kind, scope, receive, send)
 
 
 class EmulatorApp:
@@ -51,7 +54,7 @@ class EmulatorApp:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self._routes = _routes()
+        self._routes = _routes(ReplayBook(worker) if worker.config.replay else None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -50,6 +50,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--replay-tokens", type=int, default=256, help="completion tokens per replayed response"
     )
+    p.add_argument(
+        "--replay-chunk-interval-s",
+        type=float,
+        default=0.0,
+        help="pause between replayed chunks (default 0: as fast as possible)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the emulator's random source")
     p.add_argument(
         "--enable-cache-report",
@@ -96,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         stats_file=args.stats_file,
         replay=args.replay,
         replay_tokens=args.replay_tokens,
+        replay_chunk_interval_s=args.replay_chunk_interval_s,
         enable_cache_report=args.enable_cache_report,
         seed=args.seed,
         faults=faults,

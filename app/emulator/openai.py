@@ -26,6 +26,7 @@ from app.emulator.asgi import (
     watch_disconnect,
 )
 from app.emulator.engine import QueueFull
+from app.emulator.replay import ReplayBook, handle_replay
 from app.emulator.requests import RequestError, parse_chat, parse_completion
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
@@ -35,12 +36,20 @@ _INBAND_MESSAGE = "The request was aborted by the worker."
 
 
 async def handle_generate(
-    worker: Worker, kind: str, scope: Scope, receive: Receive, send: Send
+    worker: Worker,
+    replay: ReplayBook | None,
+    kind: str,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
 ) -> None:
     try:
         body: Any = orjson.loads(await read_body(receive))
         if not isinstance(body, dict):
             raise RequestError("The request body must be a JSON object.")
+        if replay is not None:
+            await handle_replay(worker, replay, kind, body, receive, send)
+            return
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, worker.config.model)
         if req.prompt_tokens >= CONTEXT_LEN:

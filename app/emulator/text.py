@@ -11,266 +11,33 @@ import random
 from collections.abc import Iterator
 from types import MappingProxyType
 
-_REASONING = [
-    "let",
-    "me",
-    "think",
-    "about",
-    "this",
-    "carefully",
-    "first",
-    "we",
-    "need",
-    "to",
-    "understand",
-    "what",
-    "the",
-    "question",
-    "asks",
-    "the",
-    "key",
-    "observation",
-    "is",
-    "that",
-    "each",
-    "part",
-    "depends",
-    "on",
-    "the",
-    "previous",
-    "one",
-    "so",
-    "we",
-    "can",
-    "work",
-    "step",
-    "by",
-    "step",
-    "and",
-    "check",
-    "the",
-    "result",
-    "at",
-    "the",
-    "end",
-    "this",
-    "means",
-    "the",
-    "total",
-    "follows",
-    "from",
-    "the",
-    "given",
-    "values",
-    "and",
-    "we",
-    "should",
-    "verify",
-    "the",
-    "assumptions",
-    "before",
-    "we",
-    "answer",
-    "it",
-    "also",
-    "helps",
-    "to",
-    "restate",
-    "the",
-    "problem",
-    "in",
-    "simpler",
-    "terms",
-    "consider",
-    "the",
-    "constraints",
-    "one",
-    "more",
-    "time",
-    "then",
-    "compare",
-    "both",
-    "approaches",
-    "and",
-    "choose",
-    "the",
-    "one",
-    "that",
-    "is",
-    "easier",
-    "to",
-    "verify",
-]
-
-_FLAVOURS: MappingProxyType[str, tuple[str, ...]] = MappingProxyType(
+_REASONING = (
+    "let me think about this carefully first we need to understand what the question asks "
+    "the key observation is that each part depends on the previous one so we can work "
+    "step by step and check the result at the end this means the total follows from the "
+    "given values and we should verify the assumptions before we answer it also helps to "
+    "restate the problem in simpler terms consider the constraints one more time then "
+    "compare both approaches and choose the one that is easier to verify"
+)
+_FLAVOURS: MappingProxyType[str, str] = MappingProxyType(
     {
-        "math": tuple(
-            [
-                "the",
-                "answer",
-                "is",
-                "computed",
-                "by",
-                "adding",
-                "the",
-                "two",
-                "amounts",
-                "and",
-                "then",
-                "multiplying",
-                "by",
-                "the",
-                "number",
-                "of",
-                "days",
-                "so",
-                "the",
-                "result",
-                "equals",
-                "twelve",
-                "plus",
-                "eight",
-                "which",
-                "gives",
-                "twenty",
-                "and",
-                "therefore",
-                "the",
-                "final",
-                "value",
-                "is",
-                "forty",
-                "dollars",
-                "in",
-                "total",
-                "after",
-                "the",
-                "discount",
-                "we",
-                "subtract",
-                "five",
-                "percent",
-                "from",
-                "the",
-                "price",
-                "to",
-                "get",
-                "the",
-                "remaining",
-                "amount",
-            ]
+        "math": (
+            "the answer is computed by adding the two amounts and then multiplying by the "
+            "number of days so the result equals twelve plus eight which gives twenty and "
+            "therefore the final value is forty dollars in total after the discount we "
+            "subtract five percent from the price to get the remaining amount"
         ),
-        "code": tuple(
-            [
-                "we",
-                "define",
-                "a",
-                "function",
-                "that",
-                "iterates",
-                "over",
-                "the",
-                "input",
-                "list",
-                "and",
-                "keeps",
-                "a",
-                "running",
-                "count",
-                "of",
-                "matching",
-                "elements",
-                "the",
-                "helper",
-                "returns",
-                "early",
-                "when",
-                "the",
-                "list",
-                "is",
-                "empty",
-                "and",
-                "otherwise",
-                "builds",
-                "the",
-                "result",
-                "with",
-                "a",
-                "dictionary",
-                "lookup",
-                "which",
-                "keeps",
-                "the",
-                "solution",
-                "linear",
-                "in",
-                "time",
-                "and",
-                "simple",
-                "to",
-                "test",
-                "against",
-                "the",
-                "examples",
-            ]
+        "code": (
+            "we define a function that iterates over the input list and keeps a running "
+            "count of matching elements the helper returns early when the list is empty "
+            "and otherwise builds the result with a dictionary lookup which keeps the "
+            "solution linear in time and simple to test against the examples"
         ),
-        "chat": tuple(
-            [
-                "here",
-                "is",
-                "a",
-                "clear",
-                "overview",
-                "of",
-                "the",
-                "topic",
-                "with",
-                "a",
-                "few",
-                "practical",
-                "suggestions",
-                "you",
-                "can",
-                "start",
-                "with",
-                "a",
-                "short",
-                "plan",
-                "then",
-                "focus",
-                "on",
-                "the",
-                "most",
-                "important",
-                "points",
-                "and",
-                "keep",
-                "the",
-                "tone",
-                "friendly",
-                "and",
-                "concise",
-                "many",
-                "readers",
-                "appreciate",
-                "concrete",
-                "examples",
-                "so",
-                "it",
-                "helps",
-                "to",
-                "include",
-                "one",
-                "or",
-                "two",
-                "of",
-                "them",
-                "along",
-                "with",
-                "a",
-                "brief",
-                "summary",
-            ]
+        "chat": (
+            "here is a clear overview of the topic with a few practical suggestions you "
+            "can start with a short plan then focus on the most important points and "
+            "keep the tone friendly and concise many readers appreciate concrete examples "
+            "so it helps to include one or two of them along with a brief summary"
         ),
     }
 )
@@ -280,7 +47,7 @@ _PROFILE_FLAVOUR: MappingProxyType[str, str] = MappingProxyType(
 
 
 def flavour_words(profile: str) -> tuple[str, ...]:
-    return _FLAVOURS[_PROFILE_FLAVOUR.get(profile, "chat")]
+    return tuple(_FLAVOURS[_PROFILE_FLAVOUR.get(profile, "chat")].split())
 
 
 def prose(rng: random.Random, words: tuple[str, ...]) -> Iterator[str]:
@@ -301,7 +68,7 @@ def prose(rng: random.Random, words: tuple[str, ...]) -> Iterator[str]:
 
 
 def reasoning_words() -> tuple[str, ...]:
-    return tuple(_REASONING)
+    return tuple(_REASONING.split())
 
 
 def split_pieces(text: str, size: int = 4) -> list[str]:

@@ -37,6 +37,7 @@ class EmulatorConfig:
     stats_file: Path | None = None
     replay: bool = False
     replay_tokens: int = 256
+    replay_chunk_interval_s: float = 0.0
     enable_cache_report: bool = True
     seed: int | None = None
     faults: Faults = field(default_factory=Faults)
