@@ -62,9 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.main import create_app
+    from app.server import serve
 
     settings = load_settings(
         host=args.host,
@@ -75,13 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
         api_keys=args.api_keys,
         config_file=args.config_file,
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-    )
-    return 0
+    return serve(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -72,6 +72,9 @@ def configure_logging(level: str, *, json: bool) -> dict[str, Any]:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # One line per upstream call (health checks every few seconds) is noise, not an access log.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     fmt_class = "app.accesslog.JsonFormatter" if json else "app.accesslog.TextFormatter"
     return {
         "version": 1,

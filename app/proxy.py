@@ -193,21 +193,19 @@ class Proxy:
         # Abort on the worker unless the request finished there or provably never ran there.
         abort = True
         outcome = "cancelled"
+        response: httpx.Response | None = None
         with worker.track():
             sup.begin_attempt()
             try:
                 response = await self._client.open(
                     worker, job.request.route.value, body, job.headers
                 )
-                try:
-                    sup.receiving = True
-                    sup.last_rx = self._clock()
-                    if job.request.stream:
-                        await self._relay(job, worker, response, down, sup)
-                    else:
-                        await self._relay_whole(worker, response, down, job.record)
-                finally:
-                    await response.aclose()
+                sup.receiving = True
+                sup.last_rx = self._clock()
+                if job.request.stream:
+                    await self._relay(job, worker, response, down, sup)
+                else:
+                    await self._relay_whole(worker, response, down, job.record)
                 abort = False
                 outcome = "ok"
             except asyncio.CancelledError:
@@ -232,8 +230,13 @@ class Proxy:
             finally:
                 sup.end_attempt()
                 self._metrics.record_attempt(worker.name, outcome)
-                if abort:
+                if abort and response is not None and sup.reason == DISCONNECT:
+                    # Abort before closing: the worker learns why, not just that we hung up.
+                    await self._abort(worker, rid)
+                elif abort:
                     self._spawn(self._abort(worker, rid))
+                if response is not None:
+                    await response.aclose()
 
     async def _relay(
         self,

@@ -1,0 +1,121 @@
+"""``dflash-gateway serve``: the gateway under uvicorn (uvloop + httptools, TCP_NODELAY).
+
+With no worker source configured (``Settings.embedded_default``) the emulated workers are
+started first and stopped last, whatever ends the server: Ctrl-C, SIGTERM or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import signal
+import socket
+import sys
+from typing import Any
+
+import orjson
+import uvicorn
+
+from app.accesslog import configure_logging
+from app.config import Settings
+from app.embedded import EmbeddedStartError, EmbeddedWorkers
+from app.main import create_app
+
+log = logging.getLogger(__name__)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit it (uvloop sets it too): every SSE event leaves at once.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def curl_example(base_url: str, model: str) -> str:
+    body = {
+        "model": model,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+    }
+    return (
+        f"curl -N {base_url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(orjson.dumps(body).decode())}"
+    )
+
+
+def _banner(settings: Settings, port: int, workers: list[str]) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    base = f"http://{host}:{port}"
+    model = settings.embedded.model
+    aliases = [a for a, t in settings.model_aliases.items() if t == model]
+    lines = [f"dflash-gateway: serving on {base}"]
+    if workers:
+        lines[0] += f" in front of {len(workers)} emulated workers ({', '.join(workers)})"
+        lines += ["Try it:", "  " + curl_example(base, aliases[0] if aliases else model)]
+        lines.append("Ctrl-C stops the gateway and its workers.")
+    return "\n".join(lines)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(settings: Settings) -> int:
+    log_config = configure_logging(settings.log_level, json=settings.log_json)
+    if settings.processes > 1:
+        log.warning("--processes > 1 is not supported yet; running one process")
+    # SIGTERM behaves like Ctrl-C (uvicorn shuts down gracefully, then re-raises it here).
+    signal.signal(signal.SIGTERM, _interrupt)
+    embedded = EmbeddedWorkers(settings.embedded) if settings.embedded_default else None
+    try:
+        with contextlib.ExitStack() as stack:
+            workers: list[str] = []
+            if embedded is not None:
+                stack.enter_context(embedded)
+                workers = embedded.start()
+                settings = settings.model_copy(update={"worker_urls": workers})
+            sock = listen(settings.host, settings.port)
+            config = uvicorn.Config(
+                create_app(settings),
+                http="httptools",
+                lifespan="on",
+                access_log=False,
+                log_config=log_config,
+                log_level=settings.log_level,
+                timeout_graceful_shutdown=max(1, round(settings.drain_s)),
+            )
+            banner = _banner(settings, sock.getsockname()[1], workers)
+            _run(uvicorn.Server(config), sock, banner)
+    except KeyboardInterrupt:
+        return 0
+    except EmbeddedStartError as exc:
+        print(f"dflash-gateway: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(server: uvicorn.Server, sock: socket.socket, banner: str) -> None:
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        # uvicorn offers no "started" event to wait on; poll its flag.
+        while not server.started and not task.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        if server.started:
+            print(banner, flush=True)
+        await task
+
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
