@@ -151,7 +151,7 @@ class Generation:
         rng = self._rng
         if req.thinking:
             words = reasoning_words()
-            n = rng.randint(40, 320)
+            n = rng.randint(200, 1500)
             pieces = prose(rng, words)
             for _ in range(n):
                 yield _R, next(pieces)
@@ -168,7 +168,7 @@ class Generation:
             yield _HIDDEN, ""  # <|tool_calls_section_end|>
         else:
             pieces = prose(rng, flavour_words(profile))
-            for _ in range(rng.randint(30, 260)):
+            for _ in range(rng.randint(60, 600)):
                 yield _C, next(pieces)
         yield _EOS, ""
         while True:  # never reached: the EOS token ends the request
