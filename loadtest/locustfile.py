@@ -42,8 +42,14 @@ class ChatUser(FastHttpUser):  # type: ignore[misc]
         start = time.perf_counter()
         first: float | None = None
         done = False
-        with self.client.post("/v1/chat/completions", data=json.dumps(body), headers=headers,
-                              stream=True, catch_response=True, name="chat-stream") as response:
+        with self.client.post(
+            "/v1/chat/completions",
+            data=json.dumps(body),
+            headers=headers,
+            stream=True,
+            catch_response=True,
+            name="chat-stream",
+        ) as response:
             for line in response.iter_lines():
                 text = line.decode() if isinstance(line, bytes) else str(line)
                 if not text.startswith("data:"):
@@ -57,9 +63,14 @@ class ChatUser(FastHttpUser):  # type: ignore[misc]
             if not done:
                 response.failure("stream ended without [DONE]")
         if first is not None:
-            events.request.fire(request_type="SSE", name="TTFT",
-                                response_time=(first - start) * 1000, response_length=0,
-                                exception=None, context={})
+            events.request.fire(
+                request_type="SSE",
+                name="TTFT",
+                response_time=(first - start) * 1000,
+                response_length=0,
+                exception=None,
+                context={},
+            )
 
 
 def _has_tokens(chunk: dict[str, Any]) -> bool:

@@ -5,7 +5,7 @@
 sum of completion tokens / wall time of the measured phase (prefill, queueing and the tail
 included).
 
-Per request: TTFT (first content-bearing chunk; the response for non-streaming), gaps between
+Per request: TTFT (first content-bearing chunk; streams only), gaps between
 chunks, end-to-end latency, completion tokens and the acceptance length: exact (SGLang's
 ``meta_info.spec_accept_length``, requested with ``return_meta_info``) for non-streaming requests;
 for streams an estimate, completion tokens / token-bearing chunks (one chunk ≈ one verify step).
@@ -109,8 +109,7 @@ async def one_request(client: httpx.AsyncClient, config: RunConfig, prompt: str)
         accept = meta.get("spec_accept_length")
         return RequestResult(
             ok=True,
-            e2e_s=elapsed,
-            ttft_s=elapsed,
+            e2e_s=elapsed,  # no TTFT without a stream
             completion_tokens=int(data.get("usage", {}).get("completion_tokens", 0)),
             accept_length=float(accept) if accept is not None else None,
             accept_source="exact" if accept is not None else None,

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from loadtest import datasets, report, runner
+from loadtest.processes import PYTHON, ProcessManager
 from loadtest.stats import mean, summarize
 
 
@@ -69,6 +71,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path("bench-results"),
         help="directory for seed.json and seed.png",
+    )
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start the embedded default (gateway + emulated workers) on a free port "
+        "and measure it; --base-url is ignored",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=20.0,
+        help="with --embedded: the emulated workers' time scale (tok/s scale with it)",
     )
 
 
@@ -134,6 +148,33 @@ async def run_seed(args: argparse.Namespace) -> list[report.DatasetReport]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.embedded:
+        return _measure(args)
+    with tempfile.TemporaryDirectory(prefix="dflash-bench-") as tmp:
+        procs = ProcessManager(Path(tmp))
+        try:
+            gateway = procs.start(
+                [PYTHON, "-m", "app", "serve", "--port", "{port}"],
+                name="gateway",
+                ready_path="/readyz",
+                ready_status=200,
+                timeout=60,
+                env={
+                    "DFLASH_GATEWAY_EMBEDDED__SPEED": str(args.speed),
+                    "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
+                },
+            )
+            args.base_url = gateway.url
+            print(
+                f"embedded default on {gateway.url}: emulated workers at --speed {args.speed} "
+                f"(their tok/s is {args.speed:g}x a real node's; acceptance is unaffected)"
+            )
+            return _measure(args)
+        finally:
+            procs.stop_all()
+
+
+def _measure(args: argparse.Namespace) -> int:
     started = time.time()
     reports = asyncio.run(run_seed(args))
     print(report.seed_table(reports))
@@ -148,6 +189,7 @@ def main(args: argparse.Namespace) -> int:
         "thinking": args.thinking,
         "temperature": args.temperature,
         "stream": args.stream,
+        "embedded_speed": args.speed if args.embedded else None,
         "started_unix": round(started, 3),
         "duration_s": round(time.time() - started, 3),
     }

@@ -1,0 +1,111 @@
+"""The benchmarks end to end, tiny: real emulator and gateway processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
+
+
+@pytest.fixture
+def gateway(procs: ProcessManager) -> ManagedProcess:
+    emulator = procs.start(
+        [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "100"], name="emulator"
+    )
+    return procs.start(
+        [PYTHON, "-m", "app", "serve", "--port", "{port}", "--worker-url", emulator.url],
+        name="gateway",
+        ready_path="/readyz",
+        ready_status=200,
+    )
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "loadtest", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_seed_bench_prints_the_table_and_writes_json_and_png(
+    gateway: ManagedProcess, tmp_path: Path
+) -> None:
+    result = _bench(
+        "seed",
+        "--base-url",
+        gateway.url,
+        "--datasets",
+        "gsm8k,mbpp",
+        "--num-prompts",
+        "12",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "64",
+        "--mbpp-path",
+        str(tmp_path / "absent.jsonl"),
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr  # a missing dataset is reported, not fatal
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert "exact" in rows["gsm8k"]
+    assert "missing" in rows["mbpp"]
+    assert "--mbpp-path" in rows["mbpp"]
+    data = json.loads((tmp_path / "seed.json").read_text())
+    gsm8k = data["datasets"][0]
+    assert gsm8k["requests"] == 8  # 12 prompts minus a warm-up of C=4
+    assert gsm8k["failed"] == 0
+    assert 1.0 <= gsm8k["accept_length"] <= 8.0
+    assert (tmp_path / "seed.png").stat().st_size > 1000
+
+
+def test_seed_bench_streaming_estimates_acceptance(gateway: ManagedProcess, tmp_path: Path) -> None:
+    result = _bench(
+        "seed",
+        "--base-url",
+        gateway.url,
+        "--datasets",
+        "mtbench",
+        "--stream",
+        "--num-prompts",
+        "6",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "64",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("mtbench"))
+    assert "estimated" in row
+    assert "TTFT" in result.stdout
+
+
+def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> None:
+    result = _bench(
+        "overhead",
+        "--skip-router",
+        "--requests",
+        "16",
+        "--paced-requests",
+        "8",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "32",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    for scenario in ("stream_saturation", "stream_paced", "non_stream"):
+        targets = {line.split()[1] for line in lines if line.startswith(scenario)}
+        assert targets == {"direct", "dflash-gateway"}
+    data = json.loads((tmp_path / "overhead.json").read_text())
+    assert all(m["failed"] == 0 for m in data)
+    assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")
