@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import uuid
@@ -139,6 +140,8 @@ class Proxy:
             record.status = 499
         finally:
             await sup.stop()
+            if sup.disconnected:
+                record.outcome, record.status = DISCONNECT, 499
             record.duration_ms = round((self._clock() - job.started) * 1000, 3)
             if job.request.stream:
                 self._metrics.record_stream(record.outcome)
@@ -196,6 +199,7 @@ class Proxy:
         response: httpx.Response | None = None
         with worker.track():
             sup.begin_attempt()
+            sup.on_disconnect = functools.partial(self._abort, worker, rid)
             try:
                 response = await self._client.open(
                     worker, job.request.route.value, body, job.headers
@@ -230,10 +234,7 @@ class Proxy:
             finally:
                 sup.end_attempt()
                 self._metrics.record_attempt(worker.name, outcome)
-                if abort and response is not None and sup.reason == DISCONNECT:
-                    # Abort before closing: the worker learns why, not just that we hung up.
-                    await self._abort(worker, rid)
-                elif abort:
+                if abort and not sup.disconnected:  # on disconnect the supervisor aborted it
                     self._spawn(self._abort(worker, rid))
                 if response is not None:
                     await response.aclose()

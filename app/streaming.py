@@ -8,7 +8,8 @@ the relay loop itself carries no per-chunk timers: it notices the client going a
 ``http.disconnect``), sends ``: keep-alive`` after ``keepalive_s`` of silence on a stream, and
 enforces the first-byte / idle / total deadlines. When the client goes away or a deadline passes
 it records why in ``reason`` and cancels the request task; the proxy turns that into cleanup
-(close upstream, abort on the worker) or a 504.
+(close upstream) or a 504. A disconnect first runs ``on_disconnect`` (the proxy's abort of the
+running attempt on its worker), so the worker is told before the upstream connection drops.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ class Supervisor:
         self.last_rx = now  # set by the relay on every upstream chunk (one clock read)
         self.reason: str | None = None
         self.closed = False
+        self.disconnected = False
+        # Set by the proxy while an upstream attempt runs: aborts it on its worker.
+        self.on_disconnect: Callable[[], Awaitable[None]] | None = None
         self._runner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -145,6 +149,7 @@ class Supervisor:
 
     def end_attempt(self) -> None:
         self.attempting = False
+        self.on_disconnect = None
 
     def clear(self) -> None:
         """The request task has handled a timeout trip; keep supervising."""
@@ -169,6 +174,15 @@ class Supervisor:
             wake = min(wake, max(self.last_rx, self._down.last_tx) + self._keepalive_s)
         return wake
 
+    async def _client_gone(self) -> None:
+        self.disconnected = True
+        on_disconnect, self.on_disconnect = self.on_disconnect, None
+        if on_disconnect is not None and not self.closed:
+            # Before the request task is cancelled: cancelling it mid-read makes httpx drop the
+            # upstream connection at once, and the worker should hear "abort", not a hang-up.
+            await on_disconnect()
+        self._trip(DISCONNECT)
+
     def _trip(self, reason: str) -> None:
         if not self.closed and self.reason is None:
             self.reason = reason
@@ -185,7 +199,7 @@ class Supervisor:
                     )
                 if receiving.done():
                     if receiving.result().get("type") == "http.disconnect":
-                        self._trip(DISCONNECT)
+                        await self._client_gone()
                         return
                     receiving = asyncio.ensure_future(self._receive())
                     continue
