@@ -95,6 +95,20 @@ class LimitsConfig(_Section):
     # Requests asking for more are clamped to this value.
     max_tokens_cap: int = Field(32768, ge=1)
     max_messages: int = Field(2048, ge=1)
+    # Per API key (by name): sustained requests/s with a burst, and requests in flight.
+    key_rate_per_s: float | None = Field(None, gt=0)
+    key_burst: int = Field(20, ge=1)
+    key_max_concurrent: int | None = Field(None, ge=1)
+    # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
+    redis_url: str | None = None
+
+
+class AuthConfig(_Section):
+    # A file of NAME:KEY lines (e.g. a mounted Secret), re-read every reload_s.
+    keys_file: Path | None = None
+    reload_s: float = Field(10.0, gt=0)
+    # Probes and scrapers need no key; set to require one on /metrics and /workers too.
+    protect_ops: bool = False
 
 
 class DiscoveryConfig(_Section):
@@ -179,6 +193,12 @@ class Settings(BaseSettings):
     drain_s: float = Field(5.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = False
+    # Browser origins allowed by CORS; empty = CORS off.
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Serve /metrics on this port as well (e.g. scraped from inside the cluster only).
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    # Return each request's acceptance length to the client (header / usage field).
+    expose_accept_length: bool = False
 
     health: HealthConfig = HealthConfig()
     breaker: BreakerConfig = BreakerConfig()
@@ -186,10 +206,11 @@ class Settings(BaseSettings):
     admission: AdmissionConfig = AdmissionConfig()
     timeouts: TimeoutConfig = TimeoutConfig()
     limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     embedded: EmbeddedConfig = EmbeddedConfig()
 
-    @field_validator("worker_urls", "api_keys", mode="before")
+    @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _csv_list(cls, value: Any) -> Any:
         return _split_csv(value)
