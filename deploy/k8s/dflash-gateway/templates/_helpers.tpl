@@ -47,15 +47,10 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
-{{/* The label selector (string form) the gateway uses to discover workers: exactly the worker
-pods' selector labels, which the headless Service also carries (EndpointSlices inherit them). */}}
+{{/* The label selector the gateway lists EndpointSlices with: the label Kubernetes puts on every
+EndpointSlice of a Service, naming the workers' headless Service - so exactly its slices match. */}}
 {{- define "dflash-gateway.workerSelectorString" -}}
-{{- $sel := include "dflash-gateway.selectorLabels" (dict "ctx" . "component" "worker") | fromYaml }}
-{{- $parts := list }}
-{{- range $k := keys $sel | sortAlpha }}
-{{- $parts = append $parts (printf "%s=%s" $k (get $sel $k)) }}
-{{- end }}
-{{- join "," $parts }}
+{{- printf "kubernetes.io/service-name=%s" (include "dflash-gateway.workerName" .) }}
 {{- end }}
 
 {{- define "dflash-gateway.serviceAccountName" -}}

@@ -1,0 +1,278 @@
+"""The gateway tier as rendered: pod hardening, probes, draining, the settings file (validated by
+the gateway's own Settings), keys from Secrets, RBAC, Ingress, HPA, PDB, NetworkPolicy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.__main__ import build_parser
+from app.config import ENV_PREFIX, load_settings
+from tests.deploy.conftest import NAMESPACE, RELEASE, VALUE_SETS, Manifests, container, pod_spec
+
+
+def test_gateway_pod_is_non_root_with_read_only_root(render: Callable[..., Manifests]) -> None:
+    dep = render().gateway
+    spec = pod_spec(dep)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] >= 10000
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sec = container(dep, "gateway")["securityContext"]
+    assert sec["readOnlyRootFilesystem"] is True
+    assert sec["allowPrivilegeEscalation"] is False
+    assert sec["capabilities"]["drop"] == ["ALL"]
+    # The only writable path is an emptyDir /tmp (multi-process metrics, temp files).
+    mounts = {m["mountPath"]: m for m in container(dep, "gateway")["volumeMounts"]}
+    assert "/tmp" in mounts
+    assert all(m.get("readOnly") for path, m in mounts.items() if path != "/tmp")
+    res = container(dep, "gateway")["resources"]
+    assert set(res) == {"requests", "limits"}
+    assert set(res["limits"]) == {"cpu", "memory"}
+
+
+def test_gateway_probes(render: Callable[..., Manifests]) -> None:
+    c = container(render().gateway, "gateway")
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_gateway_drains_streams_before_it_is_killed(render: Callable[..., Manifests]) -> None:
+    m = render()
+    spec = pod_spec(m.gateway)
+    pre_stop = container(m.gateway, "gateway")["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    sleep_s = int(pre_stop[1])
+    drain_s = m.gateway_settings()["drain_s"]
+    assert sleep_s >= 5
+    assert drain_s >= 300  # a long Kimi-K2.5 stream runs for minutes
+    assert spec["terminationGracePeriodSeconds"] > sleep_s + drain_s
+    assert m.gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_no_service_links_into_the_gateway_env(render: Callable[..., Manifests]) -> None:
+    """A Service named like the release would inject DFLASH_GATEWAY_PORT=tcp://..., which the
+    gateway would read as its port setting."""
+    for value_set in VALUE_SETS:
+        m = render(value_set)
+        for owner in m.all("Deployment") + m.all("StatefulSet"):
+            assert pod_spec(owner)["enableServiceLinks"] is False
+        assert m.one("Pod")["spec"]["enableServiceLinks"] is False
+
+
+def test_gateway_args_are_the_cli_the_image_runs(render: Callable[..., Manifests]) -> None:
+    """The container adds only flags to the image's `dflash-gateway serve` entrypoint."""
+    c = container(render().gateway, "gateway")
+    assert "command" not in c
+    args = build_parser().parse_args(["serve", *c["args"]])
+    assert args.config_file == "/etc/dflash-gateway/gateway.yaml"
+    assert (args.host, args.port) == ("0.0.0.0", 8000)
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "config"]
+    assert mount["mountPath"] == "/etc/dflash-gateway"
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_settings_file_is_valid_gateway_settings(
+    render: Callable[..., Manifests],
+    value_set: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ConfigMap's gateway.yaml loads with the gateway's own Settings (extra keys forbidden)."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX):
+            monkeypatch.delenv(key)
+    # As in a pod: the API server address comes from the environment.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    m = render(value_set)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(m.one("ConfigMap", f"{RELEASE}-dflash-gateway")["data"]["gateway.yaml"])
+    settings = load_settings(config_file=path)
+    assert settings.host == "0.0.0.0"
+    assert settings.port == container(m.gateway, "gateway")["ports"][0]["containerPort"]
+    assert not settings.embedded_default  # never starts emulators in a cluster
+
+
+def test_secrets_reach_the_gateway_as_settings_env(render: Callable[..., Manifests]) -> None:
+    m = render("external-workers")
+    env = {e["name"]: e for e in container(m.gateway, "gateway")["env"]}
+    keys = env["DFLASH_GATEWAY_API_KEYS"]["valueFrom"]["secretKeyRef"]
+    worker_key = env["DFLASH_GATEWAY_WORKER_API_KEY"]["valueFrom"]["secretKeyRef"]
+    secrets = {s["metadata"]["name"]: s for s in m.all("Secret")}
+    import base64
+
+    assert base64.b64decode(secrets[keys["name"]]["data"][keys["key"]]).decode() == (
+        "ci-client-key-1,ci-client-key-2"
+    )
+    assert base64.b64decode(secrets[worker_key["name"]]["data"][worker_key["key"]]) == (
+        b"ci-worker-key"
+    )
+    # Keys never appear in the settings ConfigMap.
+    assert (
+        "ci-client-key"
+        not in m.one("ConfigMap", f"{RELEASE}-dflash-gateway")["data"]["gateway.yaml"]
+    )
+
+
+def test_existing_secrets_are_referenced_not_created(render: Callable[..., Manifests]) -> None:
+    m = render("ingress-hpa-netpol")
+    assert m.all("Secret") == []
+    env = {e["name"]: e for e in container(m.gateway, "gateway")["env"]}
+    assert (
+        env["DFLASH_GATEWAY_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "dflash-client-keys"
+    )
+    assert env["DFLASH_GATEWAY_WORKER_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == (
+        "dflash-worker-key"
+    )
+    worker_env = {e["name"]: e for e in container(m.workers, "sglang")["env"]}
+    assert worker_env["SGLANG_WORKER_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == (
+        "dflash-worker-key"
+    )
+
+
+def test_open_gateway_by_default_has_no_key_env(render: Callable[..., Manifests]) -> None:
+    env = container(render().gateway, "gateway").get("env") or []
+    assert not [e for e in env if "KEY" in e["name"]]
+
+
+def test_rbac_allows_only_reading_endpointslices(render: Callable[..., Manifests]) -> None:
+    m = render()
+    role = m.one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = m.one("RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    sa = m.one("ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    spec = pod_spec(m.gateway)
+    assert spec["serviceAccountName"] == sa["metadata"]["name"]
+    assert spec["automountServiceAccountToken"] is True  # the token the watch uses
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_ingress_is_sse_safe(render: Callable[..., Manifests]) -> None:
+    m = render("ingress-hpa-netpol")
+    ing = m.one("Ingress")
+    notes = ing["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert notes["nginx.ingress.kubernetes.io/proxy-request-buffering"] == "off"
+    assert int(notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 600
+    assert int(notes["nginx.ingress.kubernetes.io/proxy-send-timeout"]) >= 600
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    [rule] = ing["spec"]["rules"]
+    assert rule["host"] == "llm.example.com"
+    [path] = rule["http"]["paths"]
+    assert path["backend"]["service"] == {"name": "ci-dflash-gateway", "port": {"name": "http"}}
+    assert ing["spec"]["tls"][0]["secretName"] == "llm-example-com-tls"
+    assert render().all("Ingress") == []
+
+
+def test_hpa_owns_the_replica_count(render: Callable[..., Manifests]) -> None:
+    m = render("ingress-hpa-netpol")
+    hpa = m.one("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": m.gateway["metadata"]["name"],
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
+    assert "replicas" not in m.gateway["spec"]
+    assert render().gateway["spec"]["replicas"] == 2
+    assert render().all("HorizontalPodAutoscaler") == []
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_pdbs_select_their_pods(render: Callable[..., Manifests]) -> None:
+    m = render()
+    pdbs = {p["metadata"]["name"]: p for p in m.all("PodDisruptionBudget")}
+    gateway_labels = m.gateway["spec"]["template"]["metadata"]["labels"]
+    worker_labels = m.workers["spec"]["template"]["metadata"]["labels"]
+    gw = pdbs["ci-dflash-gateway"]["spec"]["selector"]["matchLabels"]
+    wk = pdbs["ci-dflash-gateway-worker"]["spec"]["selector"]["matchLabels"]
+    assert _selects(gw, gateway_labels) and not _selects(gw, worker_labels)
+    assert _selects(wk, worker_labels) and not _selects(wk, gateway_labels)
+
+
+def test_network_policies_let_only_the_gateway_reach_workers(
+    render: Callable[..., Manifests],
+) -> None:
+    m = render("ingress-hpa-netpol")
+    policies = {p["metadata"]["name"]: p for p in m.all("NetworkPolicy")}
+    gateway_labels = m.gateway["spec"]["template"]["metadata"]["labels"]
+    test_labels = m.one("Pod")["metadata"]["labels"]
+    worker_np = policies["ci-dflash-gateway-worker"]["spec"]
+    assert _selects(
+        worker_np["podSelector"]["matchLabels"], m.workers["spec"]["template"]["metadata"]["labels"]
+    )
+    [rule] = worker_np["ingress"]
+    pod_peers = [p["podSelector"]["matchLabels"] for p in rule["from"] if "podSelector" in p]
+    assert [_selects(p, gateway_labels) for p in pod_peers] == [True]
+    assert not any(_selects(p, test_labels) for p in pod_peers)
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    } in rule["from"]
+    gateway_np = policies["ci-dflash-gateway"]["spec"]
+    [rule] = gateway_np["ingress"]
+    peers = rule["from"]
+    assert any(
+        "podSelector" in p and _selects(p["podSelector"]["matchLabels"], test_labels) for p in peers
+    )
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}
+    } in peers
+    # Default: policies on, gateway open to any source, workers to the gateway only.
+    default = {p["metadata"]["name"]: p for p in render().all("NetworkPolicy")}
+    assert "from" not in default["ci-dflash-gateway"]["spec"]["ingress"][0]
+    assert render("external-workers").all("NetworkPolicy") == []
+
+
+def test_helm_test_pod_sends_one_chat_completion(render: Callable[..., Manifests]) -> None:
+    m = render("external-workers")
+    pod = m.one("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    c = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    svc = m.one("Service", "ci-dflash-gateway")
+    assert (
+        env["GATEWAY_URL"]["value"] == f"http://ci-dflash-gateway:{svc['spec']['ports'][0]['port']}"
+    )
+    assert env["MODEL"]["value"] == "moonshotai/Kimi-K2.5"
+    assert env["API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "ci-dflash-gateway-api-keys"
+    script = c["args"][0]
+    assert "curl" in script and "/v1/chat/completions" in script
+    assert "--fail-with-body" in script and '"choices"' in script
+    assert pod["spec"]["restartPolicy"] == "Never"
+    # The served model name follows --served-model-name when it is set.
+    custom = render("four-workers-custom").one("Pod")["spec"]["containers"][0]["env"]
+    assert {"name": "MODEL", "value": "kimi-k2.5"} in custom
+
+
+def test_helm_test_script_runs_in_a_shell(render: Callable[..., Manifests], tmp_path: Path) -> None:
+    """The test pod's script is valid POSIX sh (checked with `sh -n`)."""
+    import subprocess
+
+    script = render().one("Pod")["spec"]["containers"][0]["args"][0]
+    path = tmp_path / "test.sh"
+    path.write_text(script)
+    done = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
