@@ -7,6 +7,9 @@ still one verify step, so ``spec_accept_length = completion_tokens / verify_step
 computes it) or at a ``stop`` string (the text is cut before it). Accepted drafts per step are the
 tokens kept minus the bonus token.
 
+``ignore_eos`` (SGLang's sampling parameter) keeps the answer going until ``max_tokens`` or a
+``stop`` string.
+
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
 is ``"auto"``/unset and the last user turn mentions a tool's name, the answer is a call to that
 tool (the first one mentioned, else the first tool) with arguments made from its JSON schema.
@@ -169,6 +172,8 @@ class Generation:
         else:
             pieces = prose(rng, flavour_words(profile))
             for _ in range(rng.randint(60, 600)):
+                yield _C, next(pieces)
+            while req.ignore_eos:  # SGLang's ignore_eos: only max_tokens or a stop string end it
                 yield _C, next(pieces)
         yield _EOS, ""
         while True:  # never reached: the EOS token ends the request

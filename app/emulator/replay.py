@@ -198,6 +198,7 @@ def _record(worker: Worker, active: ActiveRequest, template: Template, sent: int
             "reasoning_tokens": template.reasoning_tokens,
             "prompt_tokens": template.prompt_tokens,
             "cached_tokens": 0,
+            "prefill_s": 0.0,
             "spec_accept_length": completion / steps if steps else None,
             "finish_reason": "abort" if active.aborted else template.finish_reason,
             "aborted": active.aborted,

@@ -50,6 +50,7 @@ class GenRequest:
     tool_choice: Any = None
     history_tool_calls: int = 0
     return_meta_info: bool = False
+    ignore_eos: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -105,6 +106,7 @@ def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
         "stop": stops,
         "temperature": float(temperature or 0.0),
         "seed": seed if isinstance(seed, int) else None,
+        "ignore_eos": bool(body.get("ignore_eos", False)),
     }
 
 

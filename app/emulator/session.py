@@ -57,6 +57,7 @@ class Session:
         self.prompt_tokens = req.prompt_tokens
         self.cached_tokens = 0
         self.first_token: float | None = None
+        self.prefill_s = 0.0
         self.chunks_sent = 0
         self._holding_slot = False
         self._finished = False
@@ -86,7 +87,8 @@ class Session:
         w.cache.insert(keys)
         w.running_tokens += self.prompt_tokens
         self._counted_tokens = self.prompt_tokens
-        await asyncio.sleep(w.timing.prefill_s(self.prompt_tokens - self.cached_tokens))
+        self.prefill_s = w.timing.prefill_s(self.prompt_tokens - self.cached_tokens)
+        await asyncio.sleep(self.prefill_s)
 
     async def steps(self) -> AsyncIterator[Step]:
         w = self.worker
@@ -190,6 +192,7 @@ class Session:
                 "reasoning_tokens": gen.reasoning_tokens,
                 "prompt_tokens": self.prompt_tokens,
                 "cached_tokens": self.cached_tokens,
+                "prefill_s": self.prefill_s,
                 "spec_accept_length": gen.completion_tokens / steps if steps else None,
                 "finish_reason": gen.finish_reason,
                 "aborted": self.active.aborted,

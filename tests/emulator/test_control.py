@@ -11,7 +11,7 @@ import pytest
 from tests.emulator.support import CHAT, events, record, stats, wait_for
 from tests.support.procs import ManagedProcess
 
-LONG = {**CHAT, "max_tokens": 100000, "stream": True}
+LONG = {**CHAT, "max_tokens": 100000, "ignore_eos": True, "stream": True}
 
 
 def _collect(url: str, body: dict[str, Any], out: list[Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -27,6 +28,12 @@ TOOLS: list[Any] = [
 
 
 @pytest.fixture
+def client(emu: ManagedProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=emu.url + "/v1", api_key="none") as sync_client:
+        yield sync_client
+
+
+@pytest.fixture
 def emu(procs: ProcessManager) -> ManagedProcess:
     """A fresh emulator process per test, from the shared ``procs`` fixture."""
     return procs.start(
@@ -34,8 +41,7 @@ def emu(procs: ProcessManager) -> ManagedProcess:
     )
 
 
-def test_sync_non_stream(emu: ManagedProcess) -> None:
-    client = openai.OpenAI(base_url=emu.url + "/v1", api_key="none")
+def test_sync_non_stream(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=300)
     message = out.choices[0].message
     assert out.id and out.model == MODEL
@@ -46,8 +52,7 @@ def test_sync_non_stream(emu: ManagedProcess) -> None:
     assert [m.id for m in models.data] == [MODEL]
 
 
-def test_sync_stream_reasoning_then_content(emu: ManagedProcess) -> None:
-    client = openai.OpenAI(base_url=emu.url + "/v1", api_key="none")
+def test_sync_stream_reasoning_then_content(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
@@ -74,8 +79,7 @@ def test_sync_stream_reasoning_then_content(emu: ManagedProcess) -> None:
     assert usage is not None and usage.completion_tokens > len(content)
 
 
-def test_sync_tool_call_stream_and_not(emu: ManagedProcess) -> None:
-    client = openai.OpenAI(base_url=emu.url + "/v1", api_key="none")
+def test_sync_tool_call_stream_and_not(client: openai.OpenAI) -> None:
     messages: list[Any] = [{"role": "user", "content": "Use lookup_capital for France."}]
     out = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
     call = out.choices[0].message.tool_calls[0]  # type: ignore[index]
