@@ -98,34 +98,45 @@ def test_settings_file_is_valid_gateway_settings(
     assert not settings.embedded_default  # never starts emulators in a cluster
 
 
-def test_secrets_reach_the_gateway_as_settings_env(render: Callable[..., Manifests]) -> None:
-    m = render("external-workers")
-    env = {e["name"]: e for e in container(m.gateway, "gateway")["env"]}
-    keys = env["DFLASH_GATEWAY_API_KEYS"]["valueFrom"]["secretKeyRef"]
-    worker_key = env["DFLASH_GATEWAY_WORKER_API_KEY"]["valueFrom"]["secretKeyRef"]
-    secrets = {s["metadata"]["name"]: s for s in m.all("Secret")}
+def test_client_keys_are_a_reloadable_keys_file(render: Callable[..., Manifests]) -> None:
+    """Client keys: a Secret holding NAME:KEY lines, mounted as a directory (so Secret edits reach
+    the pod) and named by the settings' auth.keys_file; never in env or the ConfigMap."""
     import base64
 
-    assert base64.b64decode(secrets[keys["name"]]["data"][keys["key"]]).decode() == (
-        "ci-client-key-1,ci-client-key-2"
-    )
-    assert base64.b64decode(secrets[worker_key["name"]]["data"][worker_key["key"]]) == (
-        b"ci-worker-key"
-    )
-    # Keys never appear in the settings ConfigMap.
+    from app.auth import parse_entries
+
+    m = render("external-workers")
+    c = container(m.gateway, "gateway")
+    settings = m.gateway_settings()
+    keys_file = Path(settings["auth"]["keys_file"])
+    [mount] = [v for v in c["volumeMounts"] if v["name"] == "api-keys"]
+    assert mount["mountPath"] == str(keys_file.parent) and "subPath" not in mount
+    [volume] = [v for v in pod_spec(m.gateway)["volumes"] if v["name"] == "api-keys"]
+    secret = m.one("Secret", volume["secret"]["secretName"])
+    content = base64.b64decode(secret["data"][keys_file.name]).decode()
+    entries = parse_entries(content.splitlines())
+    assert [e.name for e in entries] == ["team-a", "team-b"]
+    env_names = [e["name"] for e in c.get("env", [])]
+    assert "DFLASH_GATEWAY_API_KEYS" not in env_names
     assert (
         "ci-client-key"
         not in m.one("ConfigMap", f"{RELEASE}-dflash-gateway")["data"]["gateway.yaml"]
+    )
+    # The workers' key: one Secret, read by the gateway (setting) and the workers (--api-key).
+    env = {e["name"]: e for e in c["env"]}
+    worker_key = env["DFLASH_GATEWAY_WORKER_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert base64.b64decode(m.one("Secret", worker_key["name"])["data"][worker_key["key"]]) == (
+        b"ci-worker-key"
     )
 
 
 def test_existing_secrets_are_referenced_not_created(render: Callable[..., Manifests]) -> None:
     m = render("ingress-hpa-netpol")
     assert m.all("Secret") == []
+    [volume] = [v for v in pod_spec(m.gateway)["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"]["secretName"] == "dflash-client-keys"
+    assert m.gateway_settings()["auth"]["keys_file"] == "/var/run/secrets/dflash-gateway/api-keys"
     env = {e["name"]: e for e in container(m.gateway, "gateway")["env"]}
-    assert (
-        env["DFLASH_GATEWAY_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "dflash-client-keys"
-    )
     assert env["DFLASH_GATEWAY_WORKER_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == (
         "dflash-worker-key"
     )
@@ -257,7 +268,9 @@ def test_helm_test_pod_sends_one_chat_completion(render: Callable[..., Manifests
         env["GATEWAY_URL"]["value"] == f"http://ci-dflash-gateway:{svc['spec']['ports'][0]['port']}"
     )
     assert env["MODEL"]["value"] == "moonshotai/Kimi-K2.5"
-    assert env["API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "ci-dflash-gateway-api-keys"
+    assert env["KEYS_FILE"]["value"] == "/var/run/secrets/dflash-gateway/api-keys"
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"]["secretName"] == "ci-dflash-gateway-api-keys"
     script = c["args"][0]
     assert "curl" in script and "/v1/chat/completions" in script
     assert "--fail-with-body" in script and '"choices"' in script
@@ -267,12 +280,53 @@ def test_helm_test_pod_sends_one_chat_completion(render: Callable[..., Manifests
     assert {"name": "MODEL", "value": "kimi-k2.5"} in custom
 
 
-def test_helm_test_script_runs_in_a_shell(render: Callable[..., Manifests], tmp_path: Path) -> None:
-    """The test pod's script is valid POSIX sh (checked with `sh -n`)."""
+@pytest.mark.parametrize(
+    "keys_file", ["# comment\n\nteam-a:sk-first\nteam-b:sk-2\n", "sk-bare\n", None]
+)
+def test_helm_test_script_sends_the_first_key(
+    render: Callable[..., Manifests], tmp_path: Path, keys_file: str | None
+) -> None:
+    """Run the test pod's script with sh and a stand-in curl: it sends the first key of the keys
+    file (or none when there is no file) and fails unless the answer has choices."""
+    import os
+    import stat
     import subprocess
 
-    script = render().one("Pod")["spec"]["containers"][0]["args"][0]
-    path = tmp_path / "test.sh"
-    path.write_text(script)
-    done = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True, check=False)
+    pod = render("external-workers").one("Pod")
+    script = pod["spec"]["containers"][0]["args"][0]
+    fake = tmp_path / "bin" / "curl"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'printf "%s\\n" "$@" > "$ARGS_OUT"\n'
+        'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then shift; out="$1"; fi; shift; done\n'
+        'printf \'{"choices": [{"message": {"content": "hello"}}]}\' > "$out"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    keys = tmp_path / "api-keys"
+    if keys_file is not None:
+        keys.write_text(keys_file)
+    script = script.replace("/tmp/out.json", str(tmp_path / "out.json"))
+    env = {
+        "PATH": f"{fake.parent}:{os.environ['PATH']}",
+        "GATEWAY_URL": "http://gw:8000",
+        "MODEL": "moonshotai/Kimi-K2.5",
+        "KEYS_FILE": str(keys),
+        "ARGS_OUT": str(tmp_path / "args"),
+    }
+    done = subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
+    args = (tmp_path / "args").read_text().splitlines()
+    assert "http://gw:8000/v1/chat/completions" in args
+    want = {"# comment\n\nteam-a:sk-first\nteam-b:sk-2\n": "sk-first", "sk-bare\n": "sk-bare"}
+    if keys_file is None:
+        assert not [a for a in args if a.startswith("Authorization")]
+    else:
+        assert f"Authorization: Bearer {want[keys_file]}" in args
+    import json
+
+    body = json.loads(args[args.index("-d") + 1])
+    assert body["model"] == "moonshotai/Kimi-K2.5"
+    assert body["messages"][0]["role"] == "user"
