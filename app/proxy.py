@@ -199,7 +199,7 @@ class Proxy:
         response: httpx.Response | None = None
         with worker.track():
             sup.begin_attempt()
-            sup.on_disconnect = functools.partial(self._abort, worker, rid)
+            sup.abort_attempt = functools.partial(self._abort, worker, rid)
             try:
                 response = await self._client.open(
                     worker, job.request.route.value, body, job.headers
@@ -234,7 +234,7 @@ class Proxy:
             finally:
                 sup.end_attempt()
                 self._metrics.record_attempt(worker.name, outcome)
-                if abort and not sup.disconnected:  # on disconnect the supervisor aborted it
+                if abort and not sup.attempt_aborted:  # else the supervisor already did
                     self._spawn(self._abort(worker, rid))
                 if response is not None:
                     await response.aclose()

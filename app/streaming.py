@@ -8,8 +8,8 @@ the relay loop itself carries no per-chunk timers: it notices the client going a
 ``http.disconnect``), sends ``: keep-alive`` after ``keepalive_s`` of silence on a stream, and
 enforces the first-byte / idle / total deadlines. When the client goes away or a deadline passes
 it records why in ``reason`` and cancels the request task; the proxy turns that into cleanup
-(close upstream) or a 504. A disconnect first runs ``on_disconnect`` (the proxy's abort of the
-running attempt on its worker), so the worker is told before the upstream connection drops.
+(close upstream) or a 504. Both first run ``abort_attempt`` (the proxy's abort of the running
+attempt on its worker), so the worker is told before the upstream connection drops.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ class Supervisor:
         self.closed = False
         self.disconnected = False
         # Set by the proxy while an upstream attempt runs: aborts it on its worker.
-        self.on_disconnect: Callable[[], Awaitable[None]] | None = None
+        self.abort_attempt: Callable[[], Awaitable[None]] | None = None
+        self.attempt_aborted = False
         self._runner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -146,10 +147,11 @@ class Supervisor:
         self._attempt_start = self.last_rx = self._clock()
         self.receiving = False
         self.attempting = True
+        self.attempt_aborted = False
 
     def end_attempt(self) -> None:
         self.attempting = False
-        self.on_disconnect = None
+        self.abort_attempt = None
 
     def clear(self) -> None:
         """The request task has handled a timeout trip; keep supervising."""
@@ -174,14 +176,14 @@ class Supervisor:
             wake = min(wake, max(self.last_rx, self._down.last_tx) + self._keepalive_s)
         return wake
 
-    async def _client_gone(self) -> None:
-        self.disconnected = True
-        on_disconnect, self.on_disconnect = self.on_disconnect, None
-        if on_disconnect is not None and not self.closed:
-            # Before the request task is cancelled: cancelling it mid-read makes httpx drop the
-            # upstream connection at once, and the worker should hear "abort", not a hang-up.
-            await on_disconnect()
-        self._trip(DISCONNECT)
+    async def _abort_then_trip(self, reason: str) -> None:
+        abort, self.abort_attempt = self.abort_attempt, None
+        if abort is not None and not self.closed:
+            # Before the request task is cancelled: cancelling it mid-request makes httpx drop
+            # the upstream connection at once, and the worker should hear "abort", not a hang-up.
+            self.attempt_aborted = True
+            await abort()
+        self._trip(reason)
 
     def _trip(self, reason: str) -> None:
         if not self.closed and self.reason is None:
@@ -199,13 +201,14 @@ class Supervisor:
                     )
                 if receiving.done():
                     if receiving.result().get("type") == "http.disconnect":
-                        await self._client_gone()
+                        self.disconnected = True
+                        await self._abort_then_trip(DISCONNECT)
                         return
                     receiving = asyncio.ensure_future(self._receive())
                     continue
                 now = self._clock()
                 if now >= self._deadline():
-                    self._trip(TIMEOUT)
+                    await self._abort_then_trip(TIMEOUT)
                     return
                 if self._keepalive_s is not None:
                     quiet = now - max(self.last_rx, self._down.last_tx)

@@ -6,7 +6,6 @@ knows httpx's exception tree. The transport is injectable (``httpx.MockTransport
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -62,7 +61,6 @@ def forwardable_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes,
 class UpstreamClient:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None) -> None:
         t = settings.timeouts
-        self._first_byte_s = t.first_byte_s
         self._abort_timeout = httpx.Timeout(min(t.connect_s, 5.0))
         # Reads are bounded by the larger limit here; the relay enforces the exact first-byte
         # and idle deadlines itself (they differ, and httpx fixes a stream's read timeout).
@@ -97,19 +95,15 @@ class UpstreamClient:
         """POST ``body`` and return the streaming response once its headers arrived with 2xx.
 
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
-        ``UpstreamTimeout`` (no response headers within first_byte_s) or
-        ``UpstreamStatusError`` (the worker's own status and message).
+        ``UpstreamTimeout`` or ``UpstreamStatusError`` (the worker's own status and message).
+        The exact first-byte deadline is the caller's (the proxy's supervisor aborts the attempt
+        on its worker before giving up on it); httpx's read timeout is only a backstop.
         """
         request = self._client.build_request(
             "POST", worker.url + path, content=body, headers=headers
         )
         try:
-            async with asyncio.timeout(self._first_byte_s):
-                response = await self._client.send(request, stream=True)
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"worker {worker.name} sent no response within {self._first_byte_s:g}s"
-            ) from None
+            response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, worker, committed=False) from None
         if response.status_code >= 300:

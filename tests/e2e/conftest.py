@@ -17,9 +17,11 @@ from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
 FAST_HEALTH = {"DFLASH_GATEWAY_HEALTH__INTERVAL_S": "0.3", "DFLASH_GATEWAY_LOG_LEVEL": "info"}
 
 
+EMULATE = [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "20"]
+
+
 def emulator(procs: ProcessManager, name: str, *args: str) -> ManagedProcess:
-    argv = [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "20", *args]
-    return procs.start(argv, name=name, ready_path="/health", ready_status=200)
+    return procs.start([*EMULATE, *args], name=name, ready_path="/health", ready_status=200)
 
 
 def gateway(

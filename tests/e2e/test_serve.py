@@ -1,0 +1,76 @@
+"""`make run` = `dflash-gateway serve` with the embedded default, and the README's curl command."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import poll
+from tests.support.procs import ProcessManager
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__import__("sys").executable).with_name("dflash-gateway")
+
+
+def readme_curl() -> str:
+    lines = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("curl -N")]
+    assert len(lines) == 1, "README should show exactly one curl -N command"
+    return lines[0]
+
+
+def test_make_run_is_serve_with_no_workers() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^run:.*\n\t\$\(BIN\)/dflash-gateway serve\s*$", makefile, re.M)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_embedded_default_serves_the_readme_curl_and_stops_its_workers(
+    procs: ProcessManager,
+) -> None:
+    # Free ports for the emulated workers so parallel runs do not collide on 30000/30001.
+    env = {"DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0", "DFLASH_GATEWAY_EMBEDDED__SPEED": "20"}
+    gw = procs.start(
+        [str(SCRIPT), "serve", "--port", "{port}"],
+        name="serve",
+        ready_path="/readyz",
+        ready_status=200,
+        timeout=60,
+        env=env,
+    )
+    workers = [w["url"] for w in httpx.get(gw.url + "/workers", timeout=5).json()["workers"]]
+    assert len(workers) == 2
+
+    command = readme_curl().replace("http://127.0.0.1:8000", gw.url)
+    printed = poll(lambda: "curl -N" in gw.logs() and gw.logs())
+    assert command in printed  # the banner prints the README's command (with the real port)
+    assert f"serving on {gw.url}" in printed
+
+    out = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    events = [e for e in out.stdout.split("\n\n") if e.startswith("data: ")]
+    assert len(events) > 3
+    assert '"reasoning_content"' in out.stdout
+    assert events[-1] == "data: [DONE]"
+
+    # SIGTERM to the gateway alone (not its process group): it must stop its workers itself.
+    assert gw.popen is not None
+    os.kill(gw.pid, signal.SIGTERM)
+    assert gw.popen.wait(timeout=30) == 0
+
+    def workers_gone() -> bool:
+        for url in workers:
+            try:
+                httpx.get(url + "/health", timeout=1)
+            except httpx.TransportError:
+                continue
+            return False
+        return True
+
+    poll(workers_gone, timeout=10)
