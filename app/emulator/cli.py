@@ -37,6 +37,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--speed", type=float, default=1.0, help="time scale, higher is faster (default 1.0)"
     )
+    latency = p.add_argument_group(
+        "latency model (seconds before --speed): step = base + per_running * running requests"
+    )
+    latency.add_argument("--step-base-s", type=float, default=0.025, help="default 0.025")
+    latency.add_argument("--step-per-running-s", type=float, default=0.0016, help="default 0.0016")
+    latency.add_argument("--prefill-base-s", type=float, default=0.03, help="default 0.03")
+    latency.add_argument(
+        "--prefill-per-token-s", type=float, default=0.00005, help="per uncached prompt token"
+    )
     p.add_argument("--max-running-requests", type=int, default=48, help="running cap (default 48)")
     p.add_argument(
         "--max-queued-requests",
@@ -105,6 +114,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         replay_chunk_interval_s=args.replay_chunk_interval_s,
         enable_cache_report=args.enable_cache_report,
         seed=args.seed,
+        step_base_s=args.step_base_s,
+        step_per_running_s=args.step_per_running_s,
+        prefill_base_s=args.prefill_base_s,
+        prefill_per_token_s=args.prefill_per_token_s,
         faults=faults,
     )
 

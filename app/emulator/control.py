@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from app.emulator import render
-from app.emulator.asgi import Receive, Scope, Send, read_body, respond_json
+from app.emulator.asgi import Receive, Scope, Send, query, read_body, respond_json
 from app.emulator.faults import FaultError
 from app.emulator.worker import Worker
 
@@ -66,8 +66,15 @@ async def set_gate(worker: Worker, scope: Scope, receive: Receive, send: Send) -
 
 
 async def get_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    """``GET /emulator/stats[?rid=PREFIX][&limit=N]``: totals, active rids, records."""
+    params = query(scope)
+    try:
+        limit = int(params["limit"]) if "limit" in params else None
+    except ValueError:
+        await respond_json(send, 400, render.error_body("limit must be an integer", "400", 400))
+        return
     active = [req.rid for req in worker.scheduler.active.values()]
-    await respond_json(send, 200, worker.stats.snapshot(active))
+    await respond_json(send, 200, worker.stats.snapshot(active, params.get("rid", ""), limit))
 
 
 async def reset_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:

@@ -133,3 +133,34 @@ class Scheduler:
             if (abort_all or req.rid.startswith(rid)) and req.abort("abort"):
                 count += 1
         return count
+
+
+class RateWindow:
+    """Generation throughput and accept length over the last completed window (>= ``period_s``),
+    like SGLang's gauges that report the last logging interval."""
+
+    def __init__(self, clock: Clock, period_s: float = 1.0) -> None:
+        self._clock = clock
+        self._period = period_s
+        self._start = clock.monotonic()
+        self._tokens = 0
+        self._steps = 0
+        self.throughput = 0.0
+        self.accept_length = 0.0
+
+    def add(self, tokens: int, steps: int) -> None:
+        self._tokens += tokens
+        self._steps += steps
+
+    def roll(self) -> None:
+        now = self._clock.monotonic()
+        elapsed = now - self._start
+        first = self.accept_length == 0.0 and self._steps > 0
+        if elapsed <= 0 or (elapsed < self._period and not first):
+            return
+        self.throughput = self._tokens / elapsed
+        if self._steps:
+            self.accept_length = self._tokens / self._steps
+        self._start = now
+        self._tokens = 0
+        self._steps = 0

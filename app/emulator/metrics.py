@@ -3,7 +3,7 @@
 Scheduler gauges carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_rank``; tokenizer-side
 counters and histograms carry ``model_name, engine_type`` (plus ``is_streaming`` where SGLang
 has it). Gauges are refreshed when scraped: throughput and acceptance over the interval since the
-previous refresh, as SGLang reports them for its last logging interval.
+worker's last rate window, as SGLang reports them for its last logging interval.
 """
 
 from __future__ import annotations
@@ -122,21 +122,14 @@ class EmulatorMetrics:
         self.queue_time.labels(**self._tok)
         for g in (self.num_running_reqs, self.num_queue_reqs, self.gen_throughput):
             g.labels(**self._sched)
-        # Interval state for the refreshed gauges.
-        self._last_time: float | None = None
-        self._interval_tokens = 0
-        self._interval_steps = 0
 
-    def on_steps(self, tokens: int, steps: int, step_s: float) -> None:
-        """A request advanced ``steps`` verify steps emitting ``tokens`` in ``step_s`` each."""
-        self._interval_tokens += tokens
-        self._interval_steps += steps
-        if tokens > 0:
-            # SGLang observes one inter-token sample per token: a step's time spread evenly.
-            child = self.itl.labels(**self._tok)
-            per_token = step_s / max(1, tokens)
-            for _ in range(tokens):
-                child.observe(per_token)
+    def on_steps(self, tokens: int, step_s: float) -> None:
+        """One verify step emitted ``tokens`` after ``step_s``: SGLang observes one inter-token
+        sample per token, so the step's time is spread evenly over its tokens."""
+        child = self.itl.labels(**self._tok)
+        per_token = step_s / max(1, tokens)
+        for _ in range(tokens):
+            child.observe(per_token)
 
     def on_finish(
         self,
@@ -170,7 +163,8 @@ class EmulatorMetrics:
     def refresh(
         self,
         *,
-        now: float,
+        gen_throughput: float,
+        accept_length: float,
         running: int,
         waiting: int,
         max_running: int,
@@ -181,19 +175,13 @@ class EmulatorMetrics:
         s = self._sched
         self.num_running_reqs.labels(**s).set(running)
         self.num_queue_reqs.labels(**s).set(waiting)
+        self.gen_throughput.labels(**s).set(gen_throughput)
         self.token_usage.labels(**s).set(min(1.0, used_tokens / max_total_tokens))
         self.cache_hit_rate.labels(**s).set(cache_hit_rate)
         self.utilization.labels(**s).set(running / max_running)
         self.max_total_num_tokens.labels(**s).set(max_total_tokens)
-        if self._last_time is not None and now > self._last_time:
-            self.gen_throughput.labels(**s).set(self._interval_tokens / (now - self._last_time))
-        if self._interval_steps:
-            length = self._interval_tokens / self._interval_steps
-            self.spec_accept_length.labels(**s).set(length)
-            self.spec_accept_rate.labels(**s).set((length - 1) / 7)
-        self._last_time = now
-        self._interval_tokens = 0
-        self._interval_steps = 0
+        self.spec_accept_length.labels(**s).set(accept_length)
+        self.spec_accept_rate.labels(**s).set(max(0.0, (accept_length - 1) / 7))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

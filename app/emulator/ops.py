@@ -68,9 +68,10 @@ def server_args(worker: Worker) -> dict[str, Any]:
 
 
 async def server_info(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    worker.window.roll()
     state = {
         "avg_spec_accept_length": worker.avg_accept_length,
-        "last_gen_throughput": 0.0,
+        "last_gen_throughput": worker.window.throughput,
         "num_running_reqs": worker.scheduler.running,
         "num_waiting_reqs": worker.scheduler.waiting,
     }
@@ -117,6 +118,7 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
         return
     s = worker.scheduler
     used = worker.running_tokens
+    worker.window.roll()
     load: dict[str, Any] = {
         "timestamp": worker.clock.time(),
         "dp_rank": 0,
@@ -130,7 +132,7 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
         "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
         "max_running_requests": s.max_running,
         "token_usage": min(1.0, used / MAX_TOTAL_NUM_TOKENS),
-        "gen_throughput": 0.0,
+        "gen_throughput": worker.window.throughput,
         "cache_hit_rate": worker.cache.hit_rate,
         "utilization": s.running / s.max_running,
         "total_prefill_uncached_tokens": 0,

@@ -183,8 +183,7 @@ async def handle_replay(
 def _record(worker: Worker, active: ActiveRequest, template: Template, sent: int) -> None:
     steps = len(template.tokens_per_step)
     completion = sum(template.tokens_per_step)
-    worker.total_tokens += completion
-    worker.total_steps += steps
+    worker.on_tokens(completion, steps)
     now = worker.clock.time()
     worker.stats.add(
         {

@@ -109,11 +109,10 @@ class Session:
                 w.metrics.on_first_token(
                     self.req.stream, w.clock.monotonic() - self.active.started_mono
                 )
-            w.total_tokens += step.tokens
-            w.total_steps += 1
+            w.on_tokens(step.tokens, 1)
             w.running_tokens += step.tokens
             self._counted_tokens += step.tokens
-            w.metrics.on_steps(step.tokens, 1, step_s)
+            w.metrics.on_steps(step.tokens, step_s)
             yield step
 
     def usage_counts(self) -> tuple[int, int, int, int | None]:

@@ -4,8 +4,8 @@ A record: ``rid, kind, profile, stream, steps, tokens_per_step, completion_token
 reasoning_tokens, prompt_tokens, cached_tokens, prefill_s (the modelled prefill time, shortened by
 cached tokens), spec_accept_length, finish_reason, aborted
 (null | "abort" | "disconnect"), error (null | fault name), chunks_sent, started, first_token,
-finished`` (Unix seconds). Records are appended to the file as they finish, so they survive the
-process being killed.
+finished`` (Unix seconds). The last 20,000 are kept in memory; all are appended to the file as they
+finish, so they survive the process being killed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _TOTAL_KEYS = (
 
 
 class StatsBook:
-    def __init__(self, path: Path | None = None, keep: int = 100_000) -> None:
+    def __init__(self, path: Path | None = None, keep: int = 20_000) -> None:
         self.records: deque[dict[str, Any]] = deque(maxlen=keep)
         self.totals: dict[str, int] = dict.fromkeys(_TOTAL_KEYS, 0)
         self._file: IO[bytes] | None = path.open("ab") if path is not None else None
@@ -59,7 +59,11 @@ class StatsBook:
             self._file.write(orjson.dumps(record) + b"\n")
             self._file.flush()
 
-    def snapshot(self, active: list[str]) -> dict[str, Any]:
+    def snapshot(
+        self, active: list[str], rid_prefix: str = "", limit: int | None = None
+    ) -> dict[str, Any]:
+        """Totals, active rids and the records (those whose rid starts with ``rid_prefix``; the
+        last ``limit`` of them). The mean accept length is over all kept records."""
         totals: dict[str, Any] = dict(self.totals)
         steps = totals["verify_steps"]
         totals["token_weighted_accept_length"] = (
@@ -67,7 +71,10 @@ class StatsBook:
         )
         lengths = [r["spec_accept_length"] for r in self.records if r["spec_accept_length"]]
         totals["mean_spec_accept_length"] = sum(lengths) / len(lengths) if lengths else None
-        return {"totals": totals, "active": active, "requests": list(self.records)}
+        records = [r for r in self.records if r["rid"].startswith(rid_prefix)]
+        if limit is not None:
+            records = records[-limit:] if limit > 0 else []
+        return {"totals": totals, "active": active, "requests": records}
 
     def reset(self) -> None:
         self.records.clear()

@@ -78,7 +78,10 @@ class StreamWriter:
         s = self.session
         if not s.req.continuous_usage:
             return None
-        return render.usage(*s.usage_counts())
+        prompt, completion, reasoning, cached = s.usage_counts()
+        if s.req.kind == "completion":
+            cached = None  # SGLang's completion chunks carry no cache details
+        return render.usage(prompt, completion, reasoning, cached)
 
     async def _chat(self) -> None:
         s = self.session

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.emulator.cache import PrefixCache
-from app.emulator.engine import Clock, Scheduler, SystemClock, Timing
+from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels
@@ -38,6 +38,10 @@ class EmulatorConfig:
     replay: bool = False
     replay_tokens: int = 256
     replay_chunk_interval_s: float = 0.0
+    step_base_s: float = 0.025
+    step_per_running_s: float = 0.0016
+    prefill_base_s: float = 0.03
+    prefill_per_token_s: float = 0.00005
     enable_cache_report: bool = True
     seed: int | None = None
     faults: Faults = field(default_factory=Faults)
@@ -67,7 +71,13 @@ class Worker:
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random(config.seed)
-        self.timing = Timing(speed=config.speed)
+        self.timing = Timing(
+            speed=config.speed,
+            step_base_s=config.step_base_s,
+            step_per_running_s=config.step_per_running_s,
+            prefill_base_s=config.prefill_base_s,
+            prefill_per_token_s=config.prefill_per_token_s,
+        )
         self.models = AcceptanceModels()
         self.scheduler = Scheduler(config.max_running_requests, config.max_queued_requests)
         self.cache = PrefixCache(MAX_TOTAL_NUM_TOKENS)
@@ -81,10 +91,16 @@ class Worker:
         self.total_tokens = 0
         self.total_steps = 0
         self.running_tokens = 0
+        self.window = RateWindow(self.clock)
 
     @property
     def warming_up(self) -> bool:
         return self.clock.monotonic() - self.started_mono < self.config.warmup_s
+
+    def on_tokens(self, tokens: int, steps: int) -> None:
+        self.total_tokens += tokens
+        self.total_steps += steps
+        self.window.add(tokens, steps)
 
     @property
     def avg_accept_length(self) -> float:
@@ -92,8 +108,10 @@ class Worker:
 
     def refresh_metrics(self) -> None:
         s = self.scheduler
+        self.window.roll()
         self.metrics.refresh(
-            now=self.clock.monotonic(),
+            gen_throughput=self.window.throughput,
+            accept_length=self.window.accept_length,
             running=s.running,
             waiting=s.waiting,
             max_running=s.max_running,

@@ -38,8 +38,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "c
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def stats(client: httpx.Client) -> dict[str, Any]:
-    response = client.get("/emulator/stats")
+def stats(client: httpx.Client, **params: Any) -> dict[str, Any]:
+    response = client.get("/emulator/stats", params=params)
     response.raise_for_status()
     data: dict[str, Any] = response.json()
     return data
@@ -48,7 +48,7 @@ def stats(client: httpx.Client) -> dict[str, Any]:
 def record(client: httpx.Client, rid: str) -> dict[str, Any]:
     """The finished request's ground-truth record (waits for it)."""
     found: dict[str, Any] = wait_for(
-        lambda: next((r for r in stats(client)["requests"] if r["rid"] == rid), None),
+        lambda: next((r for r in stats(client, rid=rid)["requests"] if r["rid"] == rid), None),
         what=f"record {rid}",
     )
     return found

@@ -92,6 +92,15 @@ def test_fault_validation(emu: ManagedProcess) -> None:
         assert client.post("/emulator/gate", json={}).status_code == 400
 
 
+def test_die_fault_non_stream_drops_connection(emu: ManagedProcess) -> None:
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        client.post("/emulator/faults", json={"die_after_chunks": 0})
+        with pytest.raises(httpx.RemoteProtocolError):
+            client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5})
+        client.post("/emulator/faults", json={"die_after_chunks": None})
+        assert client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5}).is_success
+
+
 def test_die_after_chunks_drops_connection(emu: ManagedProcess) -> None:
     with httpx.Client(base_url=emu.url, timeout=30) as client:
         client.post("/emulator/faults", json={"die_after_chunks": 3})
@@ -159,6 +168,16 @@ def test_first_byte_delay_is_applied(emu: ManagedProcess) -> None:
             client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=0.5)
         client.post("/emulator/faults", json={"first_byte_delay_s": 0})
         assert client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1}).is_success
+
+
+def test_stats_filters(emu: ManagedProcess) -> None:
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        for rid in ("flt-a1", "flt-a2", "flt-b1"):
+            client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2, "rid": rid})
+        assert [r["rid"] for r in stats(client, rid="flt-a")["requests"]] == ["flt-a1", "flt-a2"]
+        assert [r["rid"] for r in stats(client, limit=1)["requests"]] == ["flt-b1"]
+        assert stats(client, limit=0)["requests"] == []
+        assert stats(client)["totals"]["finished"] == 3
 
 
 def test_stats_record_fields(emu: ManagedProcess) -> None:
