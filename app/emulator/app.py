@@ -1,7 +1,7 @@
 """``create_emulator_app(config)``: the emulated SGLang DFLASH worker as an ASGI application.
 
-Routes (method, path) -> handler; unknown paths answer 404 and wrong methods 405, both with
-SGLang's ``ErrorResponse`` body.
+Routes (method, path) -> handler; unknown paths answer 404 and wrong methods 405 with FastAPI's
+``{"detail": ...}`` body, as SGLang's server does.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from app.emulator import control, ops, render
+from app.emulator import control, ops
 from app.emulator.asgi import Receive, Scope, Send, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
@@ -60,12 +60,11 @@ class EmulatorApp:
         if scope["type"] == "http":
             methods = self._routes.get(scope["path"])
             if methods is None:
-                message = f"no route for {scope['method']} {scope['path']}"
-                await respond_json(send, 404, render.error_body(message, "404", 404))
+                await respond_json(send, 404, {"detail": "Not Found"})
                 return
             handler = methods.get(scope["method"])
             if handler is None:
-                await respond_json(send, 405, render.error_body("Method Not Allowed", "405", 405))
+                await respond_json(send, 405, {"detail": "Method Not Allowed"})
                 return
             await handler(self.worker, scope, receive, send)
         elif scope["type"] == "lifespan":
