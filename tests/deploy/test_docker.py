@@ -175,3 +175,44 @@ def test_readme_says_docker_is_validated_statically() -> None:
     deploy = readme[readme.index("## Deploy") :]
     assert "helm install" in deploy
     assert re.search(r"validated statically|static(ally)? validat", deploy)
+
+
+def test_build_stage_context_builds_the_gateway_wheel(tools: Path, tmp_path: Path) -> None:
+    """Replay the build stage without Docker: copy exactly what its COPY lines copy (through the
+    .dockerignore) into an empty directory and build the wheel there. The wheel must carry the
+    `dflash-gateway` console script the runtime stage's ENTRYPOINT runs."""
+    import shutil
+    import subprocess
+    import zipfile
+
+    context = tmp_path / "context"
+    context.mkdir()
+    for ins, args in instructions(DOCKERFILE):
+        if ins != "COPY" or args.startswith("--from"):
+            continue
+        *sources, _dest = args.split()
+        for src in sources:
+            if (ROOT / src).is_dir():
+                shutil.copytree(
+                    ROOT / src, context / src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+                )
+            else:
+                shutil.copy2(ROOT / src, context / src)
+    out = tmp_path / "wheels"
+    done = subprocess.run(
+        [tools / "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", out, "."],
+        cwd=context,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [wheel] = out.glob("dflash_gateway-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        [entry_points] = [n for n in names if n.endswith("entry_points.txt")]
+        scripts = zf.read(entry_points).decode()
+    assert "dflash-gateway = app.__main__:main" in scripts
+    assert "app/__main__.py" in names
+    assert not [n for n in names if n.startswith("tests/")]
