@@ -11,6 +11,7 @@ from the chart's ConfigMap: against a loopback Kubernetes API (kubernetes mode) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 from collections.abc import Callable
 from pathlib import Path
@@ -138,6 +139,8 @@ async def first_nonempty(discovery: Any) -> list[Endpoint]:
                 return sorted(endpoints, key=lambda e: e.name)
     finally:
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @pytest.mark.parametrize("value_set", ["default", "ingress-hpa-netpol"])
