@@ -24,12 +24,12 @@ class Gateway:
     draining: bool = False
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway
 
 
-def get_request_id(request: Request) -> str:
+async def get_request_id(request: Request) -> str:
     request_id: str = request.scope["state"]["request_id"]
     return request_id
 
