@@ -15,7 +15,6 @@ import orjson
 
 from app.emulator import render
 from app.emulator.asgi import (
-    SSE_HEADERS,
     ConnectionDrop,
     Receive,
     Scope,
@@ -92,14 +91,7 @@ async def _run(worker: Worker, session: Session, send: Send) -> str | None:
     try:
         await session.start()
     except QueueFull:
-        message = QueueFull.message
-        if session.req.stream:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            event = render.error_event(message, "SERVICE_UNAVAILABLE", 503)
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": render.DONE, "more_body": False})
-        else:
-            await respond_json(send, 503, render.error_body(message, "503", 503))
+        await render.send_queue_full(send, session.req.stream)
         return None
     if session.req.stream:
         return await StreamWriter(worker, session, send).run()
@@ -133,6 +125,7 @@ async def _non_stream(worker: Worker, session: Session, send: Send) -> str | Non
             gen.matched_stop,
             use,
         )
+        session.finish()  # the record is written before the client sees the response
         await respond_json(send, 200, out)
         return None
     text = "".join(reasoning)
@@ -158,6 +151,7 @@ async def _non_stream(worker: Worker, session: Session, send: Send) -> str | Non
         use,
         meta,
     )
+    session.finish()
     await respond_json(send, 200, out)
     return None
 

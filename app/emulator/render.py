@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from app.emulator.asgi import SSE_HEADERS, Send, respond_json
 from app.emulator.generation import ToolDelta
 
 DONE = b"data: [DONE]\n\n"
@@ -32,6 +33,19 @@ def error_body(message: str, err_type: str, code: int) -> dict[str, Any]:
 def error_event(message: str, err_type: str, code: int) -> bytes:
     """SGLang's in-band stream error (``json.dumps`` of ``{"error": ErrorResponse}``)."""
     return ("data: " + json.dumps({"error": error_body(message, err_type, code)}) + "\n\n").encode()
+
+
+async def send_queue_full(send: Send, stream: bool) -> None:
+    """SGLang's answer when the waiting queue is full: non-streaming, HTTP 503 with an
+    ``ErrorResponse``; streaming, HTTP 200 with one in-band 503 error event and ``[DONE]``."""
+    message = "The request queue is full."
+    if not stream:
+        await respond_json(send, 503, error_body(message, "503", 503))
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    event = error_event(message, "SERVICE_UNAVAILABLE", 503)
+    await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": DONE})
 
 
 def usage(

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from app.emulator import render
-from app.emulator.asgi import SSE_HEADERS, Receive, Send, respond, respond_json, watch_disconnect
+from app.emulator.asgi import SSE_HEADERS, Receive, Send, respond, watch_disconnect
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation
 from app.emulator.profiles import AcceptanceModel, effective_tau
@@ -153,13 +153,17 @@ async def handle_replay(
         try:
             holding = await scheduler.acquire(active)
         except QueueFull:
+            scheduler.unregister(active)  # no record, as for generated requests
             worker.stats.count("queue_rejected")
-            await respond_json(send, 503, render.error_body(QueueFull.message, "503", 503))
+            await render.send_queue_full(send, stream)
             return
         rid_b = rid.encode()
         if not stream:
-            await respond(send, 200, template.chunks[0].replace(_PLACEHOLDER_B, rid_b))
+            body_bytes = template.chunks[0].replace(_PLACEHOLDER_B, rid_b)
             sent = 1
+            _finish(worker, active, template, sent, holding)
+            holding = False
+            await respond(send, 200, body_bytes)
             return
         interval = worker.config.replay_chunk_interval_s
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
@@ -171,16 +175,22 @@ async def handle_replay(
             data = chunk.replace(_PLACEHOLDER_B, rid_b)
             await send({"type": "http.response.body", "body": data, "more_body": True})
             sent += 1
+        _finish(worker, active, template, sent, holding)
+        holding = False
         await send({"type": "http.response.body", "body": render.DONE})
     finally:
         watcher.cancel()
-        if holding:
-            scheduler.release()
-        scheduler.unregister(active)
-        _record(worker, active, template, sent)
+        if scheduler.active.get(id(active)) is active:
+            _finish(worker, active, template, sent, holding)
 
 
-def _record(worker: Worker, active: ActiveRequest, template: Template, sent: int) -> None:
+def _finish(
+    worker: Worker, active: ActiveRequest, template: Template, sent: int, holding: bool
+) -> None:
+    """Release the slot, unregister and record (once: the caller checks registration)."""
+    if holding:
+        worker.scheduler.release()
+    worker.scheduler.unregister(active)
     steps = len(template.tokens_per_step)
     completion = sum(template.tokens_per_step)
     worker.on_tokens(completion, steps)

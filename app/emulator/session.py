@@ -152,7 +152,8 @@ class Session:
         return info
 
     def finish(self, error: str | None = None) -> None:
-        """Release the slot and record the request; safe to call more than once."""
+        """Release the slot and record the request; the first call counts, later ones do nothing.
+        Called before the last bytes go out, so a client that saw the end finds the record."""
         if self._finished:
             return
         self._finished = True

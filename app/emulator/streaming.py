@@ -35,35 +35,24 @@ class StreamWriter:
 
     async def run(self) -> str | None:
         try:
+            await self._check_faults()  # "after 0 events" applies before the first one
             if self.session.req.kind == "chat":
                 await self._chat()
             else:
                 await self._completion()
         except _Stop:
             return self.error
+        self.session.finish()  # the record is written before the client sees the end
         await self._send({"type": "http.response.body", "body": render.DONE})
         return None
 
     async def emit(self, data: bytes) -> None:
-        if not self._started:
-            await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            self._started = True
+        await self._start()
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
         s = self.session
         s.chunks_sent += 1
+        await self._check_faults()
         sent = s.chunks_sent
-        faults = self.worker.faults
-        if faults.die_after_chunks is not None and sent >= faults.die_after_chunks:
-            await die(self.worker, s)
-        inband = faults.inband_error_after_chunks
-        if inband is not None and sent >= inband:
-            event = render.error_event(
-                "The request was aborted by the worker.", "SERVICE_UNAVAILABLE", 503
-            )
-            await self._send({"type": "http.response.body", "body": event, "more_body": True})
-            await self._send({"type": "http.response.body", "body": render.DONE})
-            self.error = "inband_error"
-            raise _Stop
         gate = self.worker.gate
         if gate.applies(sent):
             held = asyncio.ensure_future(gate.wait())
@@ -73,6 +62,30 @@ class StreamWriter:
             finally:
                 held.cancel()
                 aborted.cancel()
+
+    async def _check_faults(self) -> None:
+        s = self.session
+        sent = s.chunks_sent
+        faults = self.worker.faults
+        if faults.die_after_chunks is not None and sent >= faults.die_after_chunks:
+            await self._start()
+            await die(self.worker, s)
+        inband = faults.inband_error_after_chunks
+        if inband is not None and sent >= inband:
+            event = render.error_event(
+                "The request was aborted by the worker.", "SERVICE_UNAVAILABLE", 503
+            )
+            await self._start()
+            await self._send({"type": "http.response.body", "body": event, "more_body": True})
+            self.error = "inband_error"
+            s.finish(self.error)
+            await self._send({"type": "http.response.body", "body": render.DONE})
+            raise _Stop
+
+    async def _start(self) -> None:
+        if not self._started:
+            await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            self._started = True
 
     def _usage(self) -> dict[str, Any] | None:
         s = self.session

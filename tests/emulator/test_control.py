@@ -135,6 +135,20 @@ def test_inband_error_after_chunks(emu: ManagedProcess) -> None:
         assert got[3] == "[DONE]"
 
 
+def test_faults_at_zero_chunks_act_before_any_event(emu: ManagedProcess) -> None:
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        client.post("/emulator/faults", json={"inband_error_after_chunks": 0})
+        with client.stream("POST", "/v1/chat/completions", json=LONG) as response:
+            got = list(events(response))
+        assert [type(g) for g in got] == [dict, str] and got[0]["error"]["code"] == 503
+        client.post("/emulator/faults", json={"clear": True, "die_after_chunks": 0})
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            client.stream("POST", "/v1/chat/completions", json=LONG) as response,
+        ):
+            list(events(response))
+
+
 def test_hang_before_first_byte_until_cleared(emu: ManagedProcess) -> None:
     with httpx.Client(base_url=emu.url, timeout=30) as client:
         client.post("/emulator/faults", json={"hang_before_first_byte": True})
