@@ -19,6 +19,8 @@ STREAM_OUTCOMES = (
     "upstream_timeout",
     "stream_broken",
     "no_worker",
+    "shutdown",
+    "internal_error",
 )
 ATTEMPT_OUTCOMES = ("ok", "connect_error", "status_error", "timeout", "broken", "cancelled")
 

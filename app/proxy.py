@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import orjson
 from starlette.responses import Response
 
 from app.accesslog import AccessLog, AccessRecord
@@ -35,10 +34,10 @@ from app.errors import (
 )
 from app.metrics import Metrics
 from app.protocol import ParsedRequest
+from app.relay import relay_stream, relay_whole
 from app.routing.policies import Policy, RoutingContext
 from app.streaming import DISCONNECT, TIMEOUT, Downstream, Receive, Send, Supervisor
-from app.upstream.client import UpstreamClient, map_transport_error
-from app.upstream.sse import SSEObserver, Usage, parse_usage
+from app.upstream.client import UpstreamClient
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
 
@@ -56,7 +55,11 @@ class Job:
     ctx: RoutingContext
     record: AccessRecord
     started: float
-    committed: bool = False  # the first upstream data event reached the client: no more retries
+
+    @property
+    def committed(self) -> bool:
+        """The first upstream data event reached the client: no more retries."""
+        return self.record.ttft_ms is not None
 
 
 class ProxyResponse(Response):
@@ -66,7 +69,8 @@ class ProxyResponse(Response):
         self._proxy = proxy
         self._job = job
         self.background = None
-        self.status_code = 200
+        self.status_code = 200  # decided when sent; see Downstream
+        self.raw_headers = []
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         # The server's own send (set by RequestIdMiddleware): skips per-chunk wrapper layers.
@@ -134,10 +138,22 @@ class Proxy:
             await self._forward(job, down, sup)
         except asyncio.CancelledError:
             if sup.reason != DISCONNECT:
+                # Server shutdown: still end an open stream properly, then unwind.
+                record.outcome = "shutdown"
+                if down.started and not sup.disconnected:
+                    with contextlib.suppress(Exception):
+                        await down.fail(ServiceUnavailable("the gateway is shutting down"))
                 raise
             task.uncancel()
             record.outcome = DISCONNECT
             record.status = 499
+        except Exception:
+            # A bug, not a worker failure: log it, but still answer or end the stream properly.
+            log.exception("request %s failed inside the gateway", job.request_id)
+            record.outcome, record.status = "internal_error", 500
+            if not sup.disconnected:
+                with contextlib.suppress(Exception):
+                    await down.fail(GatewayError("internal error"))
         finally:
             await sup.stop()
             if sup.disconnected:
@@ -207,9 +223,11 @@ class Proxy:
                 sup.receiving = True
                 sup.last_rx = self._clock()
                 if job.request.stream:
-                    await self._relay(job, worker, response, down, sup)
+                    await relay_stream(
+                        job.request, job.record, job.started, worker, response, down, sup
+                    )
                 else:
-                    await self._relay_whole(worker, response, down, job.record)
+                    await relay_whole(worker, response, down, job.record)
                 abort = False
                 outcome = "ok"
             except asyncio.CancelledError:
@@ -239,76 +257,11 @@ class Proxy:
                 if response is not None:
                     await response.aclose()
 
-    async def _relay(
-        self,
-        job: Job,
-        worker: Worker,
-        response: httpx.Response,
-        down: Downstream,
-        sup: Supervisor,
-    ) -> None:
-        """The hot loop: upstream bytes out to the client as they arrive, observed in passing."""
-        record = job.record
-        obs = SSEObserver(drop_usage=not job.request.client_wants_usage)
-        clock = self._clock
-        chunk_out = down.chunk
-        chunks = response.aiter_raw()
-        try:
-            async for chunk in chunks:
-                sup.last_rx = clock()
-                out = obs.feed(chunk)
-                if out:
-                    await chunk_out(out)
-                    if obs.first_data:
-                        job.committed = True
-                        record.ttft_ms = round((clock() - job.started) * 1000, 3)
-                        break
-            async for chunk in chunks:
-                sup.last_rx = clock()
-                out = obs.feed(chunk)
-                if out:
-                    await chunk_out(out)
-            rest = obs.finish()
-            if rest:
-                await chunk_out(rest)
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, worker, committed=obs.first_data) from None
-        finally:
-            record.chunks = obs.chunks
-            _set_usage(record, obs.usage)
-        if not obs.done:
-            broken = UpstreamStreamBroken(f"worker {worker.name} ended the stream without [DONE]")
-            broken.retryable = not obs.first_data
-            raise broken
-        if obs.inband_error:
-            record.outcome = "upstream_error"
-        record.status = 200
-        await down.end()
-
-    async def _relay_whole(
-        self, worker: Worker, response: httpx.Response, down: Downstream, record: AccessRecord
-    ) -> None:
-        try:
-            body = await response.aread()
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, worker, committed=False) from None
-        with contextlib.suppress(orjson.JSONDecodeError):
-            _set_usage(record, parse_usage(orjson.loads(body)))
-        record.status = response.status_code
-        content_type = response.headers.get("content-type", "application/json")
-        await down.complete(response.status_code, body, content_type.encode("latin-1"))
-
 
 def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
-
-
-def _set_usage(record: AccessRecord, usage: Usage | None) -> None:
-    if usage is not None:
-        record.prompt_tokens = usage.prompt_tokens
-        record.completion_tokens = usage.completion_tokens
 
 
 def _attempt_outcome(exc: UpstreamError) -> str:

@@ -116,6 +116,7 @@ class Supervisor:
         self._receive = receive
         self._down = downstream
         self._clock = clock
+        self.clock = clock
         self._keepalive_s = timeouts.keepalive_s if downstream.stream else None
         self._first_byte_s = timeouts.first_byte_s
         self._idle_s = timeouts.idle_s
