@@ -50,7 +50,7 @@ async def handle_generate(
             await handle_replay(worker, replay, kind, body, receive, send)
             return
         parse = parse_chat if kind == "chat" else parse_completion
-        req = parse(body, worker.config.model)
+        req = parse(body)
         if req.prompt_tokens >= CONTEXT_LEN:
             raise RequestError(
                 f"The input ({req.prompt_tokens} tokens) is longer than the model's context "

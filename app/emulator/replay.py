@@ -1,6 +1,6 @@
 """``--replay``: pre-rendered responses, so overhead benchmarks measure the proxy, not us.
 
-The first request of each shape (endpoint, stream or not, ``max_tokens``, usage chunk or not)
+The first request of each shape (endpoint, stream or not, ``max_tokens``, usage chunk, model)
 renders a complete response once, with a placeholder id; later requests only splice their rid
 into the cached bytes and send them, one SSE event per verify step, paced by
 ``--replay-chunk-interval-s`` (0 = as fast as the connection takes them). Requests still take a
@@ -22,7 +22,7 @@ from app.emulator.asgi import SSE_HEADERS, Receive, Send, respond, watch_disconn
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation
 from app.emulator.profiles import AcceptanceModel, effective_tau
-from app.emulator.requests import GenRequest
+from app.emulator.requests import UNNAMED_MODEL, GenRequest
 from app.emulator.worker import Worker
 
 _PLACEHOLDER = "@@REPLAY-RID@@"
@@ -43,22 +43,24 @@ class ReplayBook:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
-        self._templates: dict[tuple[str, bool, int, bool], Template] = {}
+        self._templates: dict[tuple[str, bool, int, bool, str], Template] = {}
 
-    def get(self, kind: str, stream: bool, max_tokens: int, usage: bool) -> Template:
-        key = (kind, stream, max_tokens, usage)
+    def get(self, kind: str, stream: bool, max_tokens: int, usage: bool, model: str) -> Template:
+        key = (kind, stream, max_tokens, usage, model)
         template = self._templates.get(key)
         if template is None:
             template = self._render(*key)
             self._templates[key] = template
         return template
 
-    def _render(self, kind: str, stream: bool, max_tokens: int, usage: bool) -> Template:
+    def _render(
+        self, kind: str, stream: bool, max_tokens: int, usage: bool, model: str
+    ) -> Template:
         w = self._worker
         profile = "gsm8k" if w.config.profile == "auto" else w.config.profile
         req = GenRequest(
             kind="chat" if kind == "chat" else "completion",
-            model=w.config.model,
+            model=model,
             prompt="replay",
             last_user="replay",
             max_tokens=max_tokens,
@@ -71,7 +73,6 @@ class ReplayBook:
         created = int(w.clock.time())
         cached = 0 if w.config.enable_cache_report else None
         use = render.usage(req.prompt_tokens, gen.completion_tokens, gen.reasoning_tokens, cached)
-        model = w.config.model
         chunks: list[bytes] = []
         if not stream and kind == "chat":
             message = {
@@ -138,7 +139,9 @@ async def handle_replay(
     if not isinstance(max_tokens, int) or max_tokens <= 0:
         max_tokens = worker.config.replay_tokens
     options = body.get("stream_options") or {}
-    template = book.get(kind, stream, max_tokens, bool(stream and options.get("include_usage")))
+    usage = bool(stream and options.get("include_usage"))
+    model = str(body.get("model") or UNNAMED_MODEL)
+    template = book.get(kind, stream, max_tokens, usage, model)
     rid = body.get("rid")
     rid = rid if isinstance(rid, str) and rid else f"{worker.rng.getrandbits(128):032x}"
     clock = worker.clock

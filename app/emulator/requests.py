@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 CHARS_PER_TOKEN = 4
+# SGLang echoes the request's ``model``; a request without one is answered as "default".
+UNNAMED_MODEL = "default"
 
 
 class RequestError(Exception):
@@ -67,7 +69,7 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
+def _common(body: dict[str, Any]) -> dict[str, Any]:
     n = body.get("n", 1)
     if n != 1:
         raise RequestError(f"n={n} is not supported by this worker; only n=1 is served.")
@@ -97,7 +99,7 @@ def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
     options = body.get("stream_options") or {}
     stream = bool(body.get("stream", False))
     return {
-        "model": str(body.get("model") or served_model),
+        "model": str(body.get("model") or UNNAMED_MODEL),
         "rid": rid,
         "stream": stream,
         "include_usage": bool(stream and options.get("include_usage")),
@@ -116,7 +118,7 @@ _GRAMMAR_MESSAGE = (
 )
 
 
-def parse_chat(body: dict[str, Any], served_model: str) -> GenRequest:
+def parse_chat(body: dict[str, Any]) -> GenRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("Messages cannot be empty.")
@@ -160,11 +162,11 @@ def parse_chat(body: dict[str, Any], served_model: str) -> GenRequest:
         tool_choice=tool_choice,
         history_tool_calls=history_calls,
         return_meta_info=bool(body.get("return_meta_info", False)),
-        **_common(body, served_model),
+        **_common(body),
     )
 
 
-def parse_completion(body: dict[str, Any], served_model: str) -> GenRequest:
+def parse_completion(body: dict[str, Any]) -> GenRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         if len(prompt) != 1:
@@ -173,7 +175,7 @@ def parse_completion(body: dict[str, Any], served_model: str) -> GenRequest:
     if not prompt:
         raise RequestError("Prompt cannot be empty")
     text = prompt if isinstance(prompt, str) else " ".join(str(t) for t in prompt)
-    return GenRequest(kind="completion", prompt=text, last_user=text, **_common(body, served_model))
+    return GenRequest(kind="completion", prompt=text, last_user=text, **_common(body))
 
 
 def _tools(raw: Any) -> tuple[Tool, ...]:

@@ -59,6 +59,7 @@ def test_non_stream_chat_body(emu: ManagedProcess) -> None:
         out = client.post("/v1/chat/completions", json=body).json()
     assert out["id"] == "rid-ns-1"
     assert out["object"] == "chat.completion"
+    assert out["model"] == "default", "SGLang echoes the request's model, 'default' if unset"
     assert out["metadata"] == {"weight_version": "default"}
     choice = out["choices"][0]
     assert choice["finish_reason"] == "length"
@@ -71,8 +72,10 @@ def test_non_stream_chat_body(emu: ManagedProcess) -> None:
 
 def test_generated_id_is_uuid_hex(emu: ManagedProcess) -> None:
     with httpx.Client(base_url=emu.url, timeout=30) as client:
-        out = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5}).json()
+        body = {**CHAT, "max_tokens": 5, "model": "kimi"}
+        out = client.post("/v1/chat/completions", json=body).json()
     assert len(out["id"]) == 32 and int(out["id"], 16) >= 0
+    assert out["model"] == "kimi"
 
 
 def test_completion_stream_last_chunk_carries_finish(emu: ManagedProcess) -> None:
