@@ -82,12 +82,15 @@ async def _run(worker: Worker, session: Session, send: Send) -> str | None:
     if faults.should_fail(worker.rng):
         status = faults.fail_status or 500
         body = render.error_body("Injected failure.", str(status), status)
+        session.finish("fail_status")
         await respond_json(send, status, body)
         return "fail_status"
     while faults.hang_before_first_byte and not session.aborted:  # noqa: ASYNC110
         await asyncio.sleep(0.02)  # polls: the fault may be cleared at run time
     if faults.first_byte_delay_s > 0 and not session.aborted:
         await asyncio.sleep(faults.first_byte_delay_s)
+    if session.aborted == "disconnect":
+        return None  # nobody is listening any more
     try:
         await session.start()
     except QueueFull:
@@ -101,6 +104,7 @@ async def _run(worker: Worker, session: Session, send: Send) -> str | None:
 async def _non_stream(worker: Worker, session: Session, send: Send) -> str | None:
     faults = worker.faults
     if faults.inband_error_after_chunks is not None:
+        session.finish("inband_error")
         await respond_json(send, 503, render.error_body(_INBAND_MESSAGE, "503", 503))
         return "inband_error"
     reasoning: list[str] = []
