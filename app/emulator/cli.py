@@ -130,7 +130,7 @@ class _DropFilter(logging.Filter):
         return not isinstance(exc, ConnectionDrop)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     try:
-        sock = _listen(config.host, config.port)
+        sock = listen_socket(config.host, config.port)
     except OSError as exc:
         print(f"dflash-gateway emulate: cannot bind {config.host}:{config.port}: {exc}", flush=True)
         return 1
