@@ -51,12 +51,15 @@ def flavour_words(profile: str) -> tuple[str, ...]:
 
 
 def prose(rng: random.Random, words: tuple[str, ...]) -> Iterator[str]:
-    """An endless stream of sentence tokens: ``" word"`` pieces, ``"."`` and ``"\\n\\n"``."""
+    """An endless stream of sentence tokens: ``" word"`` pieces, ``"."`` and ``"\n\n"``.
+
+    Each sentence is a run of consecutive words from the source passage (from a random start), so
+    phrases read naturally."""
     first = True
     while True:
-        length = rng.randint(6, 16)
-        for i in range(length):
-            word = words[rng.randrange(len(words))]
+        start = rng.randrange(len(words))
+        for i in range(rng.randint(6, 16)):
+            word = words[(start + i) % len(words)]
             if i == 0:
                 word = word.capitalize()
             yield word if first else " " + word
