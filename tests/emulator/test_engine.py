@@ -1,0 +1,95 @@
+"""In-process units: latency model, scheduler (slots, FIFO queue, queue-full, abort while
+waiting), prefix cache, fault updates, profile choice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.emulator.cache import BLOCK_CHARS, BLOCK_TOKENS, PrefixCache
+from app.emulator.engine import ActiveRequest, QueueFull, Scheduler, Timing
+from app.emulator.faults import FaultError, Faults
+from app.emulator.requests import GenRequest
+from app.emulator.session import pick_profile
+
+
+def _req(rid: str) -> ActiveRequest:
+    return ActiveRequest(rid=rid, profile="gsm8k", stream=True, started=0.0, started_mono=0.0)
+
+
+def test_step_latency_grows_with_running_and_scales_with_speed() -> None:
+    timing = Timing()
+    assert timing.step_s(1) < timing.step_s(32) < timing.step_s(48)
+    assert 0.05 < timing.step_s(32) < 0.09  # the seed's Kimi order of magnitude at C=32
+    assert Timing(speed=20).step_s(32) == pytest.approx(timing.step_s(32) / 20)
+    assert timing.prefill_s(10) < timing.prefill_s(10000)
+
+
+async def test_scheduler_slots_queue_and_queue_full() -> None:
+    scheduler = Scheduler(max_running=1, max_queued=1)
+    first, second, third = _req("a"), _req("b"), _req("c")
+    assert await scheduler.acquire(first)
+    waiting = asyncio.ensure_future(scheduler.acquire(second))
+    await asyncio.sleep(0)
+    assert scheduler.waiting == 1 and not waiting.done()
+    with pytest.raises(QueueFull):
+        await scheduler.acquire(third)
+    scheduler.release()  # the slot passes to the waiting request
+    assert await waiting is True
+    assert scheduler.running == 1 and scheduler.waiting == 0
+    scheduler.release()
+    assert scheduler.running == 0
+
+
+async def test_abort_while_waiting_and_prefix_match() -> None:
+    scheduler = Scheduler(max_running=1, max_queued=None)
+    holder, queued, other = _req("abc-1"), _req("abc-2"), _req("xyz")
+    for req in (holder, queued, other):
+        scheduler.register(req)
+    assert await scheduler.acquire(holder)
+    waiting = asyncio.ensure_future(scheduler.acquire(queued))
+    await asyncio.sleep(0)
+    assert scheduler.abort("abc") == 2
+    assert await waiting is False
+    assert holder.aborted == queued.aborted == "abort" and other.aborted is None
+    assert scheduler.abort("") == 0
+    assert scheduler.abort("", abort_all=True) == 1
+    scheduler.release()
+    assert scheduler.running == 0 and scheduler.waiting == 0
+
+
+def test_prefix_cache_counts_whole_leading_blocks() -> None:
+    cache = PrefixCache(capacity_tokens=BLOCK_TOKENS * 4)
+    prompt = "x" * (BLOCK_CHARS * 3 + 10)
+    keys = cache.keys(prompt)
+    assert len(keys) == 3
+    assert cache.match(keys, 100) == 0
+    cache.insert(keys)
+    assert cache.match(keys, 100) == 3 * BLOCK_TOKENS
+    assert cache.match(keys, 20) == 19, "the last prompt token is never cached"
+    changed = cache.keys("y" + prompt[1:])
+    assert cache.match(changed, 100) == 0, "a different first block invalidates the chain"
+    cache.insert(cache.keys("z" * BLOCK_CHARS * 4))  # evicts the oldest blocks
+    assert cache.match(keys, 100) < 3 * BLOCK_TOKENS
+    cache.flush()
+    assert cache.used_tokens == 0
+
+
+def test_fault_updates() -> None:
+    faults = Faults()
+    faults.update({"fail_status": 503, "fail_ratio": 0.25})
+    assert (faults.fail_status, faults.fail_ratio) == (503, 0.25)
+    with pytest.raises(FaultError):
+        faults.update({"fail_status": 200})
+    assert faults.fail_status == 503, "a refused update changes nothing"
+    faults.update({"clear": True, "unhealthy": True})
+    assert faults.fail_status is None and faults.unhealthy
+
+
+def test_profile_choice_header_then_flag_then_classifier() -> None:
+    req = GenRequest(kind="chat", model="m", prompt="p", last_user="Write a function to add.")
+    assert pick_profile("MathGSM", "auto", req) == "mbpp", "unknown header names are ignored"
+    assert pick_profile("math500", "gsm8k", req) == "math500"
+    assert pick_profile(None, "gsm8k", req) == "gsm8k"
+    assert pick_profile(None, "auto", req) == "mbpp"
