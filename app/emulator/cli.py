@@ -7,6 +7,7 @@ uvicorn runs with uvloop and httptools, no access log, and a listening socket wi
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import socket
 from pathlib import Path
@@ -123,11 +124,12 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 
 class _DropFilter(logging.Filter):
-    """Hide uvicorn's traceback for the deliberate mid-stream connection drop."""
+    """Hide uvicorn's tracebacks for the deliberate mid-stream connection drop and for held
+    streams cancelled at shutdown."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, ConnectionDrop)
+        return not isinstance(exc, ConnectionDrop | asyncio.CancelledError)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -162,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             lifespan="on",
             timeout_keep_alive=30,
+            # On SIGTERM, streams still held (gate, hang fault) are cut after this long.
+            timeout_graceful_shutdown=3,
         )
     )
     try:
