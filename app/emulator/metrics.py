@@ -1,9 +1,9 @@
 """The worker's ``/metrics`` with SGLang's names, labels and buckets (its own registry).
 
-Scheduler gauges carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_rank``; tokenizer-side
-counters and histograms carry ``model_name, engine_type`` (plus ``is_streaming`` where SGLang
-has it). Gauges are refreshed when scraped: throughput and acceptance over the interval since the
-worker's last rate window, as SGLang reports them for its last logging interval.
+Scheduler-side metrics (gauges, ``queue_time_seconds``) carry ``model_name, engine_type, tp_rank,
+pp_rank, moe_ep_rank``; tokenizer-side counters and histograms carry ``model_name, engine_type``
+(plus ``is_streaming`` where SGLang has it). Gauges are refreshed when scraped; throughput and
+acceptance come from the worker's last rate window, as SGLang reports its last logging interval.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ ITL_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
 )  # fmt: skip
-QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200)
+QUEUE_BUCKETS = (
+    0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50,
+    60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800,
+    2000, 2500, 3000,
+)  # fmt: skip
 _SCHED = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 _TOK = ("model_name", "engine_type")
 
@@ -106,7 +110,7 @@ class EmulatorMetrics:
         self.queue_time = Histogram(
             "sglang:queue_time_seconds",
             "Histogram of queueing time in seconds.",
-            _TOK,
+            _SCHED,
             buckets=QUEUE_BUCKETS,
             registry=r,
         )
@@ -119,7 +123,7 @@ class EmulatorMetrics:
         self.spec_verify_calls.labels(**self._tok)
         self.num_aborted_requests.labels(**self._tok)
         self.itl.labels(**self._tok)
-        self.queue_time.labels(**self._tok)
+        self.queue_time.labels(**self._sched)
         for g in (self.num_running_reqs, self.num_queue_reqs, self.gen_throughput):
             g.labels(**self._sched)
 
@@ -147,7 +151,8 @@ class EmulatorMetrics:
         if verify_steps:
             self.spec_verify_calls.labels(**self._tok).inc(verify_steps)
         if cached_tokens:
-            self.cached_tokens.labels(**self._tok, cache_source="device").inc(cached_tokens)
+            # Without a per-source breakdown SGLang reports cache_source="total".
+            self.cached_tokens.labels(**self._tok, cache_source="total").inc(cached_tokens)
         self.num_requests.labels(**labels).inc()
         self.e2e.labels(**labels).observe(e2e_s)
 
@@ -155,7 +160,7 @@ class EmulatorMetrics:
         self.ttft.labels(**self._tok, is_streaming="true" if stream else "false").observe(ttft_s)
 
     def on_queued(self, wait_s: float) -> None:
-        self.queue_time.labels(**self._tok).observe(wait_s)
+        self.queue_time.labels(**self._sched).observe(wait_s)
 
     def on_abort(self) -> None:
         self.num_aborted_requests.labels(**self._tok).inc()
