@@ -20,6 +20,7 @@ from app.errors import (
     UpstreamStreamBroken,
     UpstreamTimeout,
 )
+from app.upstream.transport import WorkerTransport
 from app.workers.worker import Worker
 
 # Never forwarded to a worker (CONTRACTS.md): credentials, Host/Content-Length (set by the client
@@ -62,22 +63,15 @@ class UpstreamClient:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None) -> None:
         t = settings.timeouts
         self._abort_timeout = httpx.Timeout(min(t.connect_s, 5.0))
-        # Reads are bounded by the larger limit here; the relay enforces the exact first-byte
-        # and idle deadlines itself (they differ, and httpx fixes a stream's read timeout).
-        self._timeout = httpx.Timeout(
-            connect=t.connect_s, read=max(t.first_byte_s, t.idle_s), write=t.idle_s, pool=None
-        )
+        # No read timeout on proxied requests: the proxy's supervisor enforces the first-byte
+        # and idle deadlines (and aborts on the worker first), without a timer per chunk.
+        self._timeout = httpx.Timeout(connect=t.connect_s, read=None, write=t.idle_s, pool=None)
         base_headers = {"accept-encoding": "identity", "content-type": "application/json"}
         if settings.worker_api_key is not None:
             base_headers["authorization"] = f"Bearer {settings.worker_api_key.get_secret_value()}"
         self._base_headers = base_headers
         if transport is None:
-            transport = httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=1024, keepalive_expiry=60.0
-                ),
-                retries=0,
-            )
+            transport = WorkerTransport(max_keepalive_connections=1024, keepalive_expiry=60.0)
         self._client = httpx.AsyncClient(
             transport=transport, timeout=self._timeout, headers=base_headers, trust_env=False
         )
@@ -97,7 +91,7 @@ class UpstreamClient:
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
         ``UpstreamTimeout`` or ``UpstreamStatusError`` (the worker's own status and message).
         The exact first-byte deadline is the caller's (the proxy's supervisor aborts the attempt
-        on its worker before giving up on it); httpx's read timeout is only a backstop.
+        on its worker before giving up on it).
         """
         request = self._client.build_request(
             "POST", worker.url + path, content=body, headers=headers
