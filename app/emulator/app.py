@@ -7,11 +7,12 @@ Routes (method, path) -> handler; unknown paths answer 404 and wrong methods 405
 from __future__ import annotations
 
 import random
+import secrets
 from collections.abc import Awaitable, Callable
 from functools import partial
 
 from app.emulator import control, ops
-from app.emulator.asgi import Receive, Scope, Send, respond_json
+from app.emulator.asgi import Receive, Scope, Send, header, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
 from app.emulator.replay import ReplayBook
@@ -29,6 +30,7 @@ def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
         "/v1/models": {"GET": ops.models},
         "/health": {"GET": ops.health},
         "/health_generate": {"GET": ops.health},
+        "/ready": {"GET": ops.ready},
         "/server_info": {"GET": ops.server_info},
         "/get_server_info": {"GET": ops.server_info},
         "/model_info": {"GET": ops.model_info},
@@ -49,6 +51,18 @@ async def _generate(
     await handle_generate(worker, replay, kind, scope, receive, send)
 
 
+_OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/emulator/")
+
+
+def _authorized(scope: Scope, path: str, key: str) -> bool:
+    """SGLang's ``--api-key``: a bearer token on everything but health, readiness and metrics
+    (and the emulator's own control endpoints, which tests drive)."""
+    if scope["method"] == "OPTIONS" or path.startswith(_OPEN_PREFIXES):
+        return True
+    scheme, _, token = (header(scope, b"authorization") or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token, key)
+
+
 class EmulatorApp:
     """The ASGI callable; ``worker`` holds all state (tests may read it in-process)."""
 
@@ -58,7 +72,14 @@ class EmulatorApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            methods = self._routes.get(scope["path"])
+            path = scope["path"]
+            key = self.worker.config.api_key
+            if key is not None and not _authorized(scope, path, key):
+                await respond_json(send, 401, {"error": "Unauthorized"})
+                return
+            methods = self._routes.get(path)
+            if methods is None and path.startswith("/v1/models/"):
+                methods = {"GET": ops.model_card}
             if methods is None:
                 await respond_json(send, 404, {"detail": "Not Found"})
                 return

@@ -73,6 +73,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=True,
         help="report usage.prompt_tokens_details.cached_tokens (default on)",
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' like SGLang's --api-key (health, readiness, "
+        "metrics and /emulator/* stay open)",
+    )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     faults = p.add_argument_group("faults (also settable at run time: POST /emulator/faults)")
     faults.add_argument("--fail-status", type=int, default=None, help="answer with this status")
@@ -114,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         replay_tokens=args.replay_tokens,
         replay_chunk_interval_s=args.replay_chunk_interval_s,
         enable_cache_report=args.enable_cache_report,
+        api_key=args.api_key,
         seed=args.seed,
         step_base_s=args.step_base_s,
         step_per_running_s=args.step_per_running_s,

@@ -22,9 +22,13 @@ async def health(worker: Worker, scope: Scope, receive: Receive, send: Send) -> 
     await respond(send, status, b"", content_type=None)
 
 
-async def models(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
-    name = worker.config.model
-    card = {
+async def ready(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    """``/ready``: 503 until warmed up (the unhealthy fault does not change readiness)."""
+    await respond(send, 503 if worker.warming_up else 200, b"", content_type=None)
+
+
+def _card(worker: Worker, name: str) -> dict[str, Any]:
+    return {
         "id": name,
         "object": "model",
         "created": int(worker.clock.time()),
@@ -33,7 +37,25 @@ async def models(worker: Worker, scope: Scope, receive: Receive, send: Send) -> 
         "parent": None,
         "max_model_len": CONTEXT_LEN,
     }
-    await respond_json(send, 200, {"object": "list", "data": [card]})
+
+
+async def models(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    await respond_json(send, 200, {"object": "list", "data": [_card(worker, worker.config.model)]})
+
+
+async def model_card(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+    """``GET /v1/models/{model}``: the card, or SGLang's OpenAI-style 404."""
+    name = scope["path"][len("/v1/models/") :]
+    if name != worker.config.model:
+        error = {
+            "message": f"The model '{name}' does not exist",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+        await respond_json(send, 404, {"error": error})
+        return
+    await respond_json(send, 200, _card(worker, name))
 
 
 def server_args(worker: Worker) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class EmulatorConfig:
     prefill_base_s: float = 0.03
     prefill_per_token_s: float = 0.00005
     enable_cache_report: bool = True
+    api_key: str | None = None
     seed: int | None = None
     faults: Faults = field(default_factory=Faults)
 

@@ -77,11 +77,26 @@ def test_queueing_and_queue_full(procs: ProcessManager) -> None:
     assert queued[-2]["choices"][0]["finish_reason"] == "length"
 
 
+def test_api_key_like_sglang(procs: ProcessManager) -> None:
+    emu = procs.start([*EMULATE, "--api-key", "sekrit"], name="emu")
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        denied = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+        assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
+        assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert client.post("/abort_request", json={"rid": "x"}).status_code == 401
+        auth = {"Authorization": "Bearer sekrit"}
+        ok = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2}, headers=auth)
+        assert ok.status_code == 200
+        for path in ("/health", "/health_generate", "/ready", "/metrics", "/emulator/stats"):
+            assert client.get(path).status_code == 200, path
+
+
 def test_warmup_health_503_then_200(procs: ProcessManager) -> None:
     emu = procs.start([*EMULATE, "--warmup-s", "2"], name="emu", ready_path="/v1/models")
     with httpx.Client(base_url=emu.url, timeout=30) as client:
         assert client.get("/health").status_code == 503
         assert client.get("/health_generate").status_code == 503
+        assert client.get("/ready").status_code == 503
         wait_for(lambda: client.get("/health").status_code == 200, what="warm")
         assert client.get("/health_generate").status_code == 200
 

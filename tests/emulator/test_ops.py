@@ -69,3 +69,12 @@ def test_unknown_route_and_method(emu: ManagedProcess) -> None:
         missing = client.get("/v1/nothing")
         assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
         assert client.get("/v1/chat/completions").status_code == 405
+
+
+def test_ready_and_model_card(emu: ManagedProcess) -> None:
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        assert client.get("/ready").status_code == 200
+        card = client.get("/v1/models/moonshotai/Kimi-K2.5")
+        missing = client.get("/v1/models/other")
+    assert card.json()["id"] == "moonshotai/Kimi-K2.5" and card.json()["owned_by"] == "sglang"
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
