@@ -93,6 +93,9 @@ class EmbeddedWorkers:
             popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
+                # Out of the terminal's process group: Ctrl-C reaches the gateway only, which
+                # then stops its workers cleanly (no KeyboardInterrupt traceback per worker).
+                start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
             self._children.append(_Child(f"http://{HOST}:{port}", popen))
