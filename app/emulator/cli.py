@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from app.emulator.asgi import ConnectionDrop
+from app.emulator.engine import Timing
 from app.emulator.faults import Faults
 from app.emulator.profiles import PROFILE_NAMES
 from app.emulator.worker import DEFAULT_MODEL, DEFAULT_PORT, EmulatorConfig
@@ -39,14 +40,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--speed", type=float, default=1.0, help="time scale, higher is faster (default 1.0)"
     )
     latency = p.add_argument_group(
-        "latency model (seconds before --speed): step = base + per_running * running requests"
+        "latency model (seconds before --speed): step = (base + per_running * running) times "
+        "a per-profile factor from the seed's tok/s"
     )
-    latency.add_argument("--step-base-s", type=float, default=0.025, help="default 0.025")
-    latency.add_argument("--step-per-running-s", type=float, default=0.0016, help="default 0.0016")
-    latency.add_argument("--prefill-base-s", type=float, default=0.03, help="default 0.03")
-    latency.add_argument(
-        "--prefill-per-token-s", type=float, default=0.00005, help="per uncached prompt token"
-    )
+    for flag, default, what in (
+        ("--step-base-s", Timing.step_base_s, "step time with nothing else running"),
+        ("--step-per-running-s", Timing.step_per_running_s, "added per running request"),
+        ("--prefill-base-s", Timing.prefill_base_s, "prefill time of an empty prompt"),
+        ("--prefill-per-token-s", Timing.prefill_per_token_s, "per uncached prompt token"),
+    ):
+        latency.add_argument(flag, type=float, default=default, help=f"{what} (default {default})")
     p.add_argument("--max-running-requests", type=int, default=48, help="running cap (default 48)")
     p.add_argument(
         "--max-queued-requests",

@@ -1,8 +1,10 @@
 """The emulated scheduler: capacity (running + waiting), step timing, the live request registry.
 
 Latency model (seconds, divided by ``--speed``): a verify step takes
-``step_base_s + step_per_running_s * running`` (~27 ms alone, ~76 ms at 32 running, the order of
-the seed's Kimi-K2.5 numbers), prefill takes ``prefill_base_s + prefill_per_token_s * uncached``.
+``(step_base_s + step_per_running_s * running) * profile_factor`` (~21 ms alone, ~60 ms at 32
+running on average: DFLASH.md's ~3x growth from C=1 to C=32 and the seed's Kimi-K2.5 55-85 ms;
+the per-profile factor, see ``profiles.step_time_factors``, reproduces the seed's tok/s at C=32),
+prefill takes ``prefill_base_s + prefill_per_token_s * uncached``.
 Beyond ``max_running`` requests wait in FIFO order; beyond ``max_queued`` waiting ones a new
 request is refused with SGLang's "The request queue is full.".
 """
@@ -33,13 +35,13 @@ class SystemClock:
 @dataclass(frozen=True)
 class Timing:
     speed: float = 1.0
-    step_base_s: float = 0.025
-    step_per_running_s: float = 0.0016
+    step_base_s: float = 0.0195
+    step_per_running_s: float = 0.00126
     prefill_base_s: float = 0.03
     prefill_per_token_s: float = 0.00005
 
-    def step_s(self, running: int) -> float:
-        return (self.step_base_s + self.step_per_running_s * running) / self.speed
+    def step_s(self, running: int, factor: float = 1.0) -> float:
+        return (self.step_base_s + self.step_per_running_s * running) * factor / self.speed
 
     def prefill_s(self, uncached_tokens: int) -> float:
         return (self.prefill_base_s + self.prefill_per_token_s * uncached_tokens) / self.speed

@@ -40,6 +40,19 @@ _TEMPERATURE_LOSS: MappingProxyType[str, float] = MappingProxyType(
     {"gsm8k": 0.08, "math500": 0.30, "humaneval": 0.10, "mbpp": 0.10, "mtbench": 0.12}
 )
 PROFILE_NAMES: tuple[str, ...] = tuple(PROFILE_TAU)
+# The seed's output throughput (tok/s) for Kimi-K2.5 on one TP8 node at C=32.
+SEED_OUTPUT_TPS: MappingProxyType[str, float] = MappingProxyType(
+    {"gsm8k": 2015, "math500": 3096, "humaneval": 3146, "mbpp": 2940, "mtbench": 2146}
+)
+
+
+def step_time_factors() -> dict[str, float]:
+    """Per-profile verify-step time relative to the mean, from the seed: a step at C=32 takes
+    ``32 * tau / tok_s`` (GSM8K ~84 ms ... MBPP ~49 ms), so at ``--speed 1`` and 32 running each
+    profile streams at its seed throughput."""
+    steps = {p: 32 * PROFILE_TAU[p] / SEED_OUTPUT_TPS[p] for p in PROFILE_NAMES}
+    mean = sum(steps.values()) / len(steps)
+    return {p: step / mean for p, step in steps.items()}
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class Session:
         )
         model = worker.models.get(self.profile, req.temperature)
         self.gen = Generation(req, self.profile, model, request_rng(req, worker.rng))
+        self._step_factor = worker.step_factors.get(self.profile, 1.0)
         self.prompt_tokens = req.prompt_tokens
         self.cached_tokens = 0
         self.first_token: float | None = None
@@ -96,7 +97,7 @@ class Session:
             if self.active.aborted:
                 self.gen.abort()
                 return
-            step_s = w.timing.step_s(w.scheduler.running)
+            step_s = w.timing.step_s(w.scheduler.running, self._step_factor)
             await asyncio.sleep(step_s)
             if self.active.aborted:
                 self.gen.abort()

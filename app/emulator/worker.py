@@ -14,7 +14,7 @@ from app.emulator.cache import PrefixCache
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
-from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels
+from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
 from app.emulator.stats import StatsBook
 
 DEFAULT_PORT = 30000
@@ -38,10 +38,10 @@ class EmulatorConfig:
     replay: bool = False
     replay_tokens: int = 256
     replay_chunk_interval_s: float = 0.0
-    step_base_s: float = 0.025
-    step_per_running_s: float = 0.0016
-    prefill_base_s: float = 0.03
-    prefill_per_token_s: float = 0.00005
+    step_base_s: float = Timing.step_base_s
+    step_per_running_s: float = Timing.step_per_running_s
+    prefill_base_s: float = Timing.prefill_base_s
+    prefill_per_token_s: float = Timing.prefill_per_token_s
     enable_cache_report: bool = True
     api_key: str | None = None
     seed: int | None = None
@@ -80,6 +80,7 @@ class Worker:
             prefill_per_token_s=config.prefill_per_token_s,
         )
         self.models = AcceptanceModels()
+        self.step_factors = step_time_factors()
         self.scheduler = Scheduler(config.max_running_requests, config.max_queued_requests)
         self.cache = PrefixCache(MAX_TOTAL_NUM_TOKENS)
         self.faults = Faults(**config.faults.snapshot())

@@ -10,6 +10,7 @@ import pytest
 from app.emulator.cache import BLOCK_CHARS, BLOCK_TOKENS, PrefixCache
 from app.emulator.engine import ActiveRequest, QueueFull, Scheduler, Timing
 from app.emulator.faults import FaultError, Faults
+from app.emulator.profiles import PROFILE_TAU, SEED_OUTPUT_TPS, step_time_factors
 from app.emulator.requests import GenRequest
 from app.emulator.session import pick_profile
 
@@ -93,3 +94,10 @@ def test_profile_choice_header_then_flag_then_classifier() -> None:
     assert pick_profile("math500", "gsm8k", req) == "math500"
     assert pick_profile(None, "gsm8k", req) == "gsm8k"
     assert pick_profile(None, "auto", req) == "mbpp"
+
+
+def test_per_profile_step_time_reproduces_seed_throughput_at_c32() -> None:
+    timing = Timing()
+    for profile, factor in step_time_factors().items():
+        tokens_per_s = 32 * PROFILE_TAU[profile] / timing.step_s(32, factor)
+        assert abs(tokens_per_s / SEED_OUTPUT_TPS[profile] - 1) < 0.02, profile
