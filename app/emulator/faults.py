@@ -93,7 +93,8 @@ class Gate:
         if not isinstance(after_chunks, int) or after_chunks < 0:
             raise FaultError("hold_after_chunks must be a non-negative integer")
         self.hold_after = after_chunks
-        self._open = asyncio.Event()
+        if self._open.is_set():  # already closed: streams held now stay on the same event
+            self._open = asyncio.Event()
 
     def release(self) -> None:
         self.hold_after = None

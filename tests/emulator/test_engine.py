@@ -9,7 +9,7 @@ import pytest
 
 from app.emulator.cache import BLOCK_CHARS, BLOCK_TOKENS, PrefixCache
 from app.emulator.engine import ActiveRequest, QueueFull, Scheduler, Timing
-from app.emulator.faults import FaultError, Faults
+from app.emulator.faults import FaultError, Faults, Gate
 from app.emulator.profiles import PROFILE_TAU, SEED_OUTPUT_TPS, step_time_factors
 from app.emulator.requests import GenRequest
 from app.emulator.session import pick_profile
@@ -101,3 +101,16 @@ def test_per_profile_step_time_reproduces_seed_throughput_at_c32() -> None:
     for profile, factor in step_time_factors().items():
         tokens_per_s = 32 * PROFILE_TAU[profile] / timing.step_s(32, factor)
         assert abs(tokens_per_s / SEED_OUTPUT_TPS[profile] - 1) < 0.02, profile
+
+
+async def test_gate_rehold_keeps_held_streams_releasable() -> None:
+    gate = Gate()
+    gate.hold(1)
+    assert gate.applies(1) and not gate.applies(2)
+    held = asyncio.ensure_future(gate.wait())
+    await asyncio.sleep(0)
+    gate.hold(3)  # changing k while a stream is held must not strand it
+    assert gate.held == 1
+    gate.release()
+    await asyncio.wait_for(held, 5)
+    assert gate.held == 0 and not gate.applies(3)
