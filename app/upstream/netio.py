@@ -4,10 +4,10 @@ httpcore's anyio backend costs a cancel scope, a checkpoint and an exception-map
 read, and builds a dict of socket attributes each time the pool asks whether an idle connection
 is still usable (once per idle connection per request). This backend keeps a plain
 ``asyncio.Protocol`` per connection: ``read`` returns buffered bytes or awaits one future,
-``write`` hands bytes to the transport (writes made in one event-loop step leave in one
-``send``), and ``is_readable`` is an attribute lookup. Timeouts passed by httpcore are honoured
-with ``asyncio.timeout`` only when set; the proxy sets none on the stream (its supervisor owns
-deadlines).
+``write`` queues bytes that leave at the end of the event-loop step (a request's head and body
+go out in one ``send``), and ``is_readable`` is an attribute lookup. Timeouts passed by
+httpcore are honoured with ``asyncio.timeout`` only when set; the proxy sets none on the stream
+(its supervisor owns deadlines).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        self._pending: list[bytes] = []
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
         p = self._protocol
@@ -104,7 +105,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         p = self._protocol
         if p.closed or self._transport.is_closing():
             raise httpcore.WriteError("connection closed")
-        self._transport.write(buffer)
+        if not self._pending:
+            # httpcore writes a request's head and body back to back; one send() for both.
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(buffer)
         if p.writable is not None:
             try:
                 async with asyncio.timeout(timeout):
@@ -112,7 +116,13 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             except TimeoutError:
                 raise httpcore.WriteTimeout(f"could not write for {timeout}s") from None
 
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
     async def aclose(self) -> None:
+        self._flush()
         self._transport.close()
 
     async def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
