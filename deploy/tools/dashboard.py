@@ -1,0 +1,477 @@
+"""Builds the Grafana dashboard from the metric names in CONTRACTS.md.
+
+    python deploy/tools/dashboard.py          # rewrite the chart's file and its copy
+    python deploy/tools/dashboard.py --check  # exit 1 if either file differs (tests run this)
+
+The chart's ``files/dflash-gateway.json`` is canonical (Helm can only read files inside the chart);
+``deploy/grafana/dflash-gateway.json`` is an identical copy for Grafana provisioning outside it.
+Every query here is checked against a real Prometheus scraping a real gateway in the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CANONICAL = ROOT / "deploy" / "k8s" / "dflash-gateway" / "files" / "dflash-gateway.json"
+COPY = ROOT / "deploy" / "grafana" / "dflash-gateway.json"
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+M = 'model=~"$model"'
+W = 'worker=~"$worker"'
+P = "dflash_gateway_"
+R = "[$__rate_interval]"
+# The seed model card's acceptance lengths (thinking on, block 8): the baseline lines.
+SEED_TAU = {"GSM8K": 5.3, "Math500": 5.5, "HumanEval": 5.3, "MBPP": 4.5, "MT-Bench": 3.7}
+
+
+class Layout:
+    """Places panels left to right in rows of 24 grid units."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append(
+            {
+                "id": len(self.panels) + 1,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "panels": [],
+            }
+        )
+        self.y += 1
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+            self.x, self.row_h = 0, 0
+
+    def add(self, panel: dict[str, Any], w: int = 8, h: int = 8) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel["id"] = len(self.panels) + 1
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+
+def target(expr: str, legend: str, ref: str = "A") -> dict[str, Any]:
+    return {"refId": ref, "datasource": DS, "expr": expr, "legendFormat": legend}
+
+
+def timeseries(
+    title: str,
+    unit: str,
+    targets: list[dict[str, Any]],
+    description: str = "",
+    thresholds: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    for i, t in enumerate(targets):
+        t["refId"] = chr(ord("A") + i)
+    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10}}
+    if thresholds:
+        defaults["thresholds"] = {"mode": "absolute", "steps": thresholds}
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {
+                "displayMode": "table",
+                "placement": "bottom",
+                "calcs": ["lastNotNull", "mean"],
+            },
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": targets,
+    }
+
+
+def stat(
+    title: str, unit: str, expr: str, description: str = "", decimals: int | None = None
+) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "area",
+        },
+        "targets": [target(expr, title)],
+    }
+
+
+def quantiles(metric: str, by: str = "", match: str = M) -> list[dict[str, Any]]:
+    group = f"le{', ' + by if by else ''}"
+    suffix = f" {{{{{by}}}}}" if by else ""
+    return [
+        target(
+            f"histogram_quantile({q}, sum by ({group}) "
+            f"(rate({P}{metric}_bucket{{{match}}}[$__rate_interval])))",
+            f"p{int(q * 100)}{suffix}",
+        )
+        for q in (0.5, 0.99)
+    ]
+
+
+def panels() -> list[dict[str, Any]]:
+    g = Layout()
+    g.row("DFlash acceptance")
+    g.add(
+        stat(
+            "Acceptance length (fleet, token-weighted)",
+            "none",
+            f"sum(rate({P}completion_tokens_total{{{M}}}[5m])) / "
+            f"sum(rate({P}spec_verify_steps_total{{{M}}}[5m]))",
+            "Completion tokens per verify step over all requests (token-weighted). The seed card's "
+            "per-dataset figures are unweighted means of per-request values: 3.7 (MT-Bench) to 5.5 "
+            "(Math500).",
+            decimals=2,
+        ),
+        w=6,
+        h=6,
+    )
+    g.add(
+        stat(
+            "Acceptance length (mean per request)",
+            "none",
+            f"sum(rate({P}spec_accept_length_sum{{{M}}}[5m])) / "
+            f"sum(rate({P}spec_accept_length_count{{{M}}}[5m]))",
+            "Unweighted mean of per-request acceptance lengths (the seed harness's estimator); "
+            "exact for non-streaming requests, estimated from chunks for streams.",
+            decimals=2,
+        ),
+        w=6,
+        h=6,
+    )
+    g.add(
+        stat(
+            "Output tokens/s (fleet)",
+            "short",
+            f"sum(rate({P}completion_tokens_total{{{M}}}[1m]))",
+            "Completion tokens per second through the gateway (rate of the counter).",
+        ),
+        w=6,
+        h=6,
+    )
+    g.add(
+        stat(
+            "Healthy workers",
+            "none",
+            f"sum({P}worker_up)",
+            "Workers passing health checks with a closed breaker.",
+        ),
+        w=6,
+        h=6,
+    )
+    baseline = [target(f"vector({tau})", f"seed {name} ({tau})") for name, tau in SEED_TAU.items()]
+    g.add(
+        timeseries(
+            "Acceptance length vs the seed card",
+            "none",
+            [
+                target(
+                    f"sum by (model) (rate({P}completion_tokens_total{{{M}}}[$__rate_interval])) / "
+                    f"sum by (model) (rate({P}spec_verify_steps_total{{{M}}}[$__rate_interval]))",
+                    "fleet token-weighted {{model}}",
+                ),
+                target(
+                    f"sum by (source) (rate({P}spec_accept_length_sum{{{M}}}[$__rate_interval])) / "
+                    f"sum by (source) (rate({P}spec_accept_length_count{{{M}}}[$__rate_interval]))",
+                    "per-request mean ({{source}})",
+                ),
+                *baseline,
+            ],
+            "Token-weighted fleet figure and the unweighted per-request mean, against the seed "
+            "card's per-dataset acceptance lengths.",
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Per-request acceptance length distribution",
+            "none",
+            [
+                target(
+                    f"histogram_quantile({q}, sum by (le) "
+                    f"(rate({P}spec_accept_length_bucket{{{M}}}[$__rate_interval])))",
+                    f"p{int(q * 100)}",
+                )
+                for q in (0.1, 0.5, 0.9)
+            ],
+            "Quantiles of per-request acceptance length (1..8).",
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Acceptance length per worker",
+            "none",
+            [
+                target(
+                    f"sum by (worker) (rate({P}completion_tokens_total{{{W}}}{R})) / "
+                    f"sum by (worker) (rate({P}spec_verify_steps_total{{{W}}}{R}))",
+                    "{{worker}} (gateway, token-weighted)",
+                ),
+                target(f"{P}worker_spec_accept_length{{{W}}}", "{{worker}} (worker-reported)"),
+            ],
+            "A worker far below the others points at a drafter mismatch or misconfiguration.",
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Acceptance rate per worker",
+            "percentunit",
+            [target(f"{P}worker_spec_accept_rate{{{W}}}", "{{worker}}")],
+            "Accepted drafts / proposed drafts, as the worker reports it (/v1/loads).",
+        ),
+        w=12,
+    )
+
+    g.row("Throughput")
+    g.add(
+        timeseries(
+            "Output tokens/s by model",
+            "short",
+            [
+                target(
+                    f"sum by (model) (rate({P}completion_tokens_total{{{M}}}[$__rate_interval]))",
+                    "{{model}} (counter rate)",
+                ),
+                target(
+                    f"sum by (model) ({P}output_throughput_tokens_per_second{{{M}}})",
+                    "{{model}} (gateway gauge)",
+                ),
+            ],
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Output tokens/s per worker",
+            "short",
+            [
+                target(
+                    f"sum by (worker) (rate({P}completion_tokens_total{{{W}}}[$__rate_interval]))",
+                    "{{worker}}",
+                ),
+                target(
+                    f"{P}worker_output_throughput_tokens_per_second{{{W}}}",
+                    "{{worker}} (worker gen_throughput)",
+                ),
+            ],
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Prompt and reasoning tokens/s",
+            "short",
+            [
+                target(f"sum(rate({P}prompt_tokens_total{{{M}}}[$__rate_interval]))", "prompt"),
+                target(
+                    f"sum(rate({P}reasoning_tokens_total{{{M}}}[$__rate_interval]))", "reasoning"
+                ),
+            ],
+        ),
+        w=8,
+    )
+
+    g.row("Latency")
+    g.add(timeseries("Time to first token", "s", quantiles("time_to_first_token_seconds")), w=8)
+    g.add(
+        timeseries(
+            "Inter-chunk time",
+            "s",
+            quantiles("inter_chunk_seconds"),
+            "Gap between relayed chunks; one chunk is usually one verify step.",
+        ),
+        w=8,
+    )
+    g.add(timeseries("Time per output token", "s", quantiles("time_per_output_token_seconds")), w=8)
+    g.add(timeseries("Request duration", "s", quantiles("request_duration_seconds", "route")), w=12)
+    g.add(timeseries("Admission queue wait", "s", quantiles("queue_wait_seconds", match="")), w=12)
+
+    g.row("Traffic and errors")
+    g.add(
+        timeseries(
+            "Requests/s by status",
+            "reqps",
+            [
+                target(
+                    f"sum by (status) (rate({P}requests_total{{{M}}}[$__rate_interval]))",
+                    "{{status}}",
+                )
+            ],
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Stream outcomes",
+            "reqps",
+            [
+                target(
+                    f"sum by (outcome) (rate({P}stream_outcomes_total[$__rate_interval]))",
+                    "{{outcome}}",
+                )
+            ],
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Retries, upstream failures, aborts",
+            "reqps",
+            [
+                target(
+                    f"sum by (reason) (rate({P}retries_total[$__rate_interval]))",
+                    "retry {{reason}}",
+                ),
+                target(
+                    f'sum by (outcome) (rate({P}upstream_attempts_total{{{W}, outcome!="ok"}}'
+                    "[$__rate_interval]))",
+                    "attempt {{outcome}}",
+                ),
+                target(f"sum(rate({P}aborts_sent_total[$__rate_interval]))", "aborts sent"),
+            ],
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "In flight per worker and queue depth",
+            "short",
+            [
+                target(f"sum by (worker) ({P}in_flight_requests{{{W}}})", "{{worker}}"),
+                target(f"sum({P}queue_depth)", "queued"),
+            ],
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Worker up and breaker state",
+            "short",
+            [
+                target(f"{P}worker_up{{{W}}}", "up {{worker}}"),
+                target(f"{P}worker_breaker_state{{{W}}}", "breaker {{worker}}"),
+            ],
+            "up: 1 healthy, 0 not. breaker: 0 closed, 1 open, 2 half-open.",
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Requests/s per API key",
+            "reqps",
+            [target(f"sum by (key) (rate({P}key_requests_total[$__rate_interval]))", "{{key}}")],
+            "Configured key names only.",
+        ),
+        w=8,
+    )
+
+    g.row("Workers (SGLang's own metrics)")
+    for title, metric, unit in (
+        ("SGLang acceptance length", "sglang:spec_accept_length", "none"),
+        ("SGLang generation throughput", "sglang:gen_throughput", "short"),
+        ("SGLang queued requests", "sglang:num_queue_reqs", "short"),
+        ("SGLang KV cache usage", "sglang:token_usage", "percentunit"),
+    ):
+        g.add(
+            timeseries(title, unit, [target(f"sum by (instance) ({metric})", "{{instance}}")]), w=6
+        )
+    return g.panels
+
+
+def dashboard() -> dict[str, Any]:
+    def variable(name: str, label: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DS,
+            "query": {"query": query, "refId": name},
+            "definition": query,
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "refresh": 2,
+            "sort": 1,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "hide": 0,
+        }
+
+    return {
+        "title": "dflash-gateway",
+        "uid": "dflash-gateway",
+        "description": "DFlash acceptance length, output throughput, latency and health of the "
+        "gateway and its SGLang DFLASH workers.",
+        "tags": ["dflash", "sglang", "llm"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                variable("model", "Model", f"label_values({P}requests_total, model)"),
+                variable("worker", "Worker", f"label_values({P}in_flight_requests, worker)"),
+            ]
+        },
+        "panels": panels(),
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    text = render()
+    stale = [p for p in (CANONICAL, COPY) if not p.exists() or p.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date: run python deploy/tools/dashboard.py")
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
