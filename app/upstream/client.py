@@ -69,9 +69,12 @@ class UpstreamClient:
         base_headers = {"accept-encoding": "identity", "content-type": "application/json"}
         if settings.worker_api_key is not None:
             base_headers["authorization"] = f"Bearer {settings.worker_api_key.get_secret_value()}"
-        self._base_headers = base_headers
+        self._base_raw = [(k.encode(), v.encode()) for k, v in base_headers.items()]
+        self._timeouts = self._timeout.as_dict()
+        self._urls: dict[str, httpx.URL] = {}
         if transport is None:
             transport = WorkerTransport(max_keepalive_connections=1024, keepalive_expiry=60.0)
+        self._transport = transport
         self._client = httpx.AsyncClient(
             transport=transport, timeout=self._timeout, headers=base_headers, trust_env=False
         )
@@ -93,13 +96,26 @@ class UpstreamClient:
         The exact first-byte deadline is the caller's (the proxy's supervisor aborts the attempt
         on its worker before giving up on it).
         """
-        request = self._client.build_request(
-            "POST", worker.url + path, content=body, headers=headers
+        # Straight to the client's transport: the proxied POST needs none of AsyncClient.send's
+        # redirect, auth, cookie or event-hook machinery, and a worker's URL is parsed once.
+        url = worker.url + path
+        target = self._urls.get(url)
+        if target is None:
+            if len(self._urls) > 4096:  # workers come and go under discovery
+                self._urls.clear()
+            target = self._urls[url] = httpx.URL(url)
+        request = httpx.Request(
+            "POST",
+            target,
+            content=body,
+            headers=self._base_raw + headers,
+            extensions={"timeout": self._timeouts},
         )
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._transport.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, worker, committed=False) from None
+        response.request = request
         if response.status_code >= 300:
             try:
                 raw = await self._read_capped(response)
