@@ -137,7 +137,7 @@ class Proxy:
         try:
             await self._forward(job, down, sup)
         except asyncio.CancelledError:
-            if sup.reason != DISCONNECT:
+            if sup.reason is None:
                 # Server shutdown: still end an open stream properly, then unwind.
                 record.outcome = "shutdown"
                 if down.started and not sup.disconnected:
@@ -145,8 +145,13 @@ class Proxy:
                         await down.fail(ServiceUnavailable("the gateway is shutting down"))
                 raise
             task.uncancel()
-            record.outcome = DISCONNECT
-            record.status = 499
+            if sup.reason == TIMEOUT:  # timeouts.total_s ran out between attempts
+                error = UpstreamTimeout("the request exceeded its total time limit")
+                record.outcome, record.error = "upstream_timeout", error.message
+                record.status = 200 if down.started else error.status
+                await down.fail(error)
+            else:
+                record.outcome, record.status = DISCONNECT, 499
         except Exception:
             # A bug, not a worker failure: log it, but still answer or end the stream properly.
             log.exception("request %s failed inside the gateway", job.request_id)

@@ -184,6 +184,8 @@ class Supervisor:
             # the upstream connection at once, and the worker should hear "abort", not a hang-up.
             self.attempt_aborted = True
             await abort()
+            if reason == TIMEOUT and not self.attempting:
+                return  # the attempt finished meanwhile: nothing left to time out
         self._trip(reason)
 
     def _trip(self, reason: str) -> None:

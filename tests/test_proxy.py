@@ -240,3 +240,14 @@ async def test_no_healthy_worker_is_503_with_retry_after() -> None:
         ex = await gw.post(CHAT, chat())
     assert ex.status == 503
     assert ex.headers["retry-after"] == "2"
+
+
+async def test_total_time_limit_ends_a_long_stream_with_an_error_event() -> None:
+    worker = FakeWorker(W1, hold_after=2)
+    async with GatewayHarness([worker], timeouts={"total_s": 0.2}) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+        await wait_for(lambda: worker.aborted)
+        assert gw.gateway.pool.workers[0].in_flight == 0
+    evs = events(ex.body)
+    assert evs[-1] == SSE_DONE
+    assert orjson.loads(evs[-2][6:])["error"]["code"] == "upstream_timeout"
