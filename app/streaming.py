@@ -177,7 +177,8 @@ class Supervisor:
             wake = min(wake, max(self.last_rx, self._down.last_tx) + self._keepalive_s)
         return wake
 
-    async def _abort_then_trip(self, reason: str) -> None:
+    async def _abort_then_trip(self, reason: str) -> bool:
+        """Abort the running attempt on its worker, then cancel the request task."""
         abort, self.abort_attempt = self.abort_attempt, None
         if abort is not None and not self.closed:
             # Before the request task is cancelled: cancelling it mid-request makes httpx drop
@@ -185,8 +186,9 @@ class Supervisor:
             self.attempt_aborted = True
             await abort()
             if reason == TIMEOUT and not self.attempting:
-                return  # the attempt finished meanwhile: nothing left to time out
+                return False  # the attempt finished meanwhile: nothing left to time out
         self._trip(reason)
+        return True
 
     def _trip(self, reason: str) -> None:
         if not self.closed and self.reason is None:
@@ -203,15 +205,18 @@ class Supervisor:
                         (receiving,), timeout=None if delay == float("inf") else delay
                     )
                 if receiving.done():
-                    if receiving.result().get("type") == "http.disconnect":
+                    try:
+                        gone = receiving.result().get("type") == "http.disconnect"
+                    except Exception:  # a receive that fails means the client is unreachable
+                        gone = True
+                    if gone:
                         self.disconnected = True
                         await self._abort_then_trip(DISCONNECT)
                         return
                     receiving = asyncio.ensure_future(self._receive())
                     continue
                 now = self._clock()
-                if now >= self._deadline():
-                    await self._abort_then_trip(TIMEOUT)
+                if now >= self._deadline() and await self._abort_then_trip(TIMEOUT):
                     return
                 if self._keepalive_s is not None:
                     quiet = now - max(self.last_rx, self._down.last_tx)
