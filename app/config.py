@@ -190,7 +190,11 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     # Sent to workers as ``Authorization: Bearer ...`` (SGLang's --api-key); never the client's key.
     worker_api_key: SecretStr | None = None
-    drain_s: float = Field(5.0, ge=0)
+    # After SIGTERM, /readyz answers 503 at once but new requests are still served for
+    # drain_accept_s (load balancers lag behind endpoint removal); then the listener closes and
+    # in-flight requests get up to drain_s to finish before the process exits.
+    drain_accept_s: float = Field(5.0, ge=0)
+    drain_s: float = Field(30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = False
     # Browser origins allowed by CORS; empty = CORS off.

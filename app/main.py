@@ -38,7 +38,7 @@ def create_app(
     """Build the gateway. ``transport`` replaces the upstream HTTP transport (tests); ``clock``
     and ``rng`` are the time and randomness sources (rids, backoff jitter, random policies)."""
     rng = rng or random.Random()
-    pool = WorkerPool()
+    pool = WorkerPool(breaker=settings.breaker, clock=clock)
     client = UpstreamClient(settings, transport)
     metrics = Metrics()
     proxy = Proxy(
@@ -68,6 +68,7 @@ def create_app(
         tasks = [
             asyncio.create_task(discovery.run(publish), name="discovery"),
             asyncio.create_task(health.run(), name="health"),
+            asyncio.create_task(health.poll_loads(), name="loads"),
         ]
         try:
             yield

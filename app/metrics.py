@@ -19,6 +19,7 @@ STREAM_OUTCOMES = (
     "upstream_timeout",
     "stream_broken",
     "no_worker",
+    "no_capacity",
     "shutdown",
     "internal_error",
 )

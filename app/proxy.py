@@ -38,6 +38,7 @@ from app.relay import relay_stream, relay_whole
 from app.routing.policies import Policy, RoutingContext
 from app.streaming import DISCONNECT, TIMEOUT, Downstream, Receive, Send, Supervisor
 from app.upstream.client import UpstreamClient
+from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
 
@@ -55,6 +56,7 @@ class Job:
     ctx: RoutingContext
     record: AccessRecord
     started: float
+    queue_wait_s: float = 0.0  # time spent in the admission queue
 
     @property
     def committed(self) -> bool:
@@ -99,6 +101,7 @@ class Proxy:
         self._clock = clock
         self._rng = rng
         self._background: set[asyncio.Task[Any]] = set()
+        self.admission = Admission(settings.admission, processes=settings.processes, clock=clock)
 
     async def aclose(self) -> None:
         """Let pending aborts finish (briefly) at shutdown."""
@@ -175,17 +178,30 @@ class Proxy:
         tried: set[str] = set()
         error: GatewayError | None = None
         for attempt in range(1, retry.max_attempts + 1):
-            candidates = [w for w in self._pool.available(job.ctx.model) if w.name not in tried]
+            try:
+                candidates, waited = await self.admission.admit(
+                    lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried]
+                )
+            except ServiceUnavailable as exc:  # every worker full: queue full or timed out
+                error = exc
+                break
+            job.queue_wait_s += waited
             if not candidates:
                 break
             worker = self._policy.pick(job.ctx, candidates)
             tried.add(worker.name)
             job.record.attempts = attempt
             job.record.worker = worker.name
+            worker.breaker.on_attempt()
             try:
                 await self._attempt(job, worker, down, sup)
+                worker.breaker.on_success()
                 return
             except UpstreamError as exc:
+                if _worker_fault(exc):
+                    worker.breaker.on_failure()
+                else:
+                    worker.breaker.on_success()  # it answered; the request was at fault
                 error = exc
                 last = attempt == retry.max_attempts or self._clock() >= budget_end
                 if job.committed or not exc.retryable or last or not self._has_other(job, tried):
@@ -194,6 +210,11 @@ class Proxy:
                 log.info("retrying %s after %s on %s", job.request_id, exc.code, worker.name)
                 delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (attempt - 1))
                 await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
+            except BaseException:
+                worker.breaker.on_released()  # client gone or shutdown: no verdict
+                raise
+            finally:
+                self.admission.release()
         if error is None:
             error = ServiceUnavailable(
                 f"no healthy worker is serving {job.ctx.model!r}",
@@ -279,7 +300,14 @@ def _attempt_outcome(exc: UpstreamError) -> str:
     return "broken"
 
 
+def _worker_fault(exc: UpstreamError) -> bool:
+    """Failures that count against the worker's circuit breaker (not a 4xx: bad request)."""
+    return not isinstance(exc, UpstreamStatusError) or exc.status >= 500
+
+
 def _outcome(error: GatewayError) -> str:
+    if isinstance(error, ServiceUnavailable):
+        return "no_capacity"
     if isinstance(error, UpstreamTimeout):
         return "upstream_timeout"
     if isinstance(error, UpstreamStreamBroken):

@@ -13,12 +13,14 @@ import shlex
 import signal
 import socket
 import sys
+from types import FrameType
 from typing import Any
 
 import orjson
 import uvicorn
 
 from app.accesslog import configure_logging
+from app.api.deps import Gateway
 from app.config import Settings
 from app.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.main import create_app
@@ -82,8 +84,9 @@ def serve(settings: Settings) -> int:
                 workers = embedded.start()
                 settings = settings.model_copy(update={"worker_urls": workers})
             sock = listen(settings.host, settings.port)
+            app = create_app(settings)
             config = uvicorn.Config(
-                create_app(settings),
+                app,
                 http="httptools",
                 lifespan="on",
                 access_log=False,
@@ -92,13 +95,47 @@ def serve(settings: Settings) -> int:
                 timeout_graceful_shutdown=max(1, round(settings.drain_s)),
             )
             banner = _banner(settings, sock.getsockname()[1], workers)
-            _run(uvicorn.Server(config), sock, banner)
+            server = DrainingServer(config, app.state.gateway, settings.drain_accept_s)
+            _run(server, sock, banner)
     except KeyboardInterrupt:
         return 0
     except EmbeddedStartError as exc:
         print(f"dflash-gateway: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM as a graceful drain instead of an immediate stop.
+
+    The first SIGTERM marks the gateway draining (``/readyz`` → 503) and keeps serving new
+    requests for ``accept_s``; then new requests get 503, the listener closes and uvicorn waits
+    up to ``timeout_graceful_shutdown`` (``drain_s``) for in-flight streams. The process exits 0.
+    A second signal, or Ctrl-C, stops at once as usual."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, accept_s: float) -> None:
+        super().__init__(config)
+        self._gateway = gateway
+        self._accept_s = accept_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if sig == signal.SIGTERM and not self._gateway.draining and loop is not None:
+            self._gateway.draining = True
+            log.info("SIGTERM: draining; new requests accepted for %.1f s", self._accept_s)
+            loop.call_soon_threadsafe(loop.call_later, self._accept_s, self._stop_accepting)
+            return
+        super().handle_exit(sig, frame)
+
+    def _stop_accepting(self) -> None:
+        log.info("drain: no new requests; waiting for in-flight ones to finish")
+        self._gateway.accepting = False
+        self.should_exit = True
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
 
 
 def _run(server: uvicorn.Server, sock: socket.socket, banner: str) -> None:

@@ -93,11 +93,12 @@ class ManagedProcess:
         self.popen.wait(timeout=10)
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        """SIGINT (Ctrl-C: the gateway stops at once, where SIGTERM would start its drain
+        window), then SIGKILL after ``timeout``; returns the exit code."""
         if self.popen is None:
             return None
         if self.alive():
-            self.signal(signal.SIGTERM)
+            self.signal(signal.SIGINT)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -21,7 +21,8 @@ class Gateway:
     pool: WorkerPool
     proxy: Proxy
     metrics: Metrics
-    draining: bool = False
+    draining: bool = False  # SIGTERM received: not ready (new requests served a little longer)
+    accepting: bool = True  # False once the drain window closed: new requests get 503
 
 
 async def get_gateway(request: Request) -> Gateway:

@@ -35,6 +35,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _check_model(gw: Gateway, parsed: ParsedRequest) -> None:
+    if not gw.accepting:
+        raise ServiceUnavailable(
+            "the gateway is shutting down; retry on another replica",
+            retry_after=gw.settings.admission.retry_after_s,
+        )
     served = gw.pool.served_models()
     if parsed.served_model in served:
         return

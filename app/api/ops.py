@@ -42,19 +42,23 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
     return {
         "policy": gw.settings.policy,
         "draining": gw.draining,
+        "queued": gw.proxy.admission.depth,
         "workers": [
             {
                 "name": w.name,
                 "url": w.url,
                 "state": w.state.value,
                 "routable": w.routable,
+                "breaker": w.breaker.state.name.lower(),
                 "models": list(w.models),
                 "in_flight": w.in_flight,
                 "load": {
                     "running": w.load.running,
                     "waiting": w.load.waiting,
                     "token_usage": w.load.token_usage,
+                    "gen_throughput": w.load.gen_throughput,
                     "accept_length": w.load.accept_length,
+                    "accept_rate": w.load.accept_rate,
                 },
             }
             for w in gw.pool.workers

@@ -42,20 +42,23 @@ def _load_key(worker: Worker) -> tuple[int, int, float]:
     return (worker.in_flight, worker.load.running + worker.load.waiting, worker.load.token_usage)
 
 
-def _least_loaded_key(worker: Worker) -> tuple[int, int, float, str]:
-    return (*_load_key(worker), worker.name)
-
-
 class LeastInflight:
     """Fewest in-flight requests through this gateway; ties broken by the worker's polled load
-    (running + waiting, then KV-cache usage), then by name so the choice is deterministic."""
+    (running + waiting, then KV-cache usage), then in rotation, so light sequential traffic is
+    spread over the workers instead of always landing on the same one."""
 
     name = "least_inflight"
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
 
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
         fewest = min(worker.in_flight for worker in workers)
         tied = [worker for worker in workers if worker.in_flight == fewest]
-        return tied[0] if len(tied) == 1 else min(tied, key=_least_loaded_key)
+        if len(tied) > 1:
+            lowest = min(_load_key(worker) for worker in tied)
+            tied = [worker for worker in tied if _load_key(worker) == lowest]
+        return tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
 
 
 class PowerOfTwo:
@@ -171,7 +174,7 @@ class PrefixAffinity:
             if len(seen) == len(by_name):
                 break
         # Unreachable with load_factor >= 1 (some worker is always under the bound); be safe.
-        return min(workers, key=_least_loaded_key)
+        return min(workers, key=_load_key)
 
 
 def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> Policy:

@@ -17,7 +17,7 @@ from app.config import HealthConfig
 from app.errors import UpstreamError
 from app.upstream.client import UpstreamClient
 from app.workers.pool import WorkerPool
-from app.workers.worker import Worker, WorkerState
+from app.workers.worker import Worker, WorkerLoad, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,37 @@ log = logging.getLogger(__name__)
 class _Streak:
     successes: int = 0
     failures: int = 0
+
+
+def _num(value: object, default: float = 0.0) -> float:
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+    )
+
+
+def parse_loads(data: object) -> WorkerLoad | None:
+    """SGLang's ``/v1/loads`` document summed over data-parallel ranks (one rank with DFLASH)."""
+    ranks = data.get("loads") if isinstance(data, dict) else None
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    ranks = [r for r in ranks if isinstance(r, dict)]
+    if not ranks:
+        return None
+    spec = [r.get("speculative") for r in ranks if isinstance(r.get("speculative"), dict)]
+    accept = [_num(s.get("accept_length")) for s in spec if _num(s.get("accept_length")) > 0]
+    rates = [_num(s.get("accept_rate")) for s in spec if _num(s.get("accept_rate")) > 0]
+    caps = [
+        int(_num(r.get("max_running_requests"))) for r in ranks if r.get("max_running_requests")
+    ]
+    return WorkerLoad(
+        running=int(sum(_num(r.get("num_running_reqs")) for r in ranks)),
+        waiting=int(sum(_num(r.get("num_waiting_reqs")) for r in ranks)),
+        token_usage=max(_num(r.get("token_usage")) for r in ranks),
+        gen_throughput=sum(_num(r.get("gen_throughput")) for r in ranks),
+        accept_length=sum(accept) / len(accept) if accept else None,
+        accept_rate=sum(rates) / len(rates) if rates else None,
+        max_running_requests=sum(caps) if caps else None,
+    )
 
 
 class HealthChecker:
@@ -47,6 +78,30 @@ class HealthChecker:
             await self.check_all()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kicked.wait(), self._config.interval_s)
+
+    async def poll_loads(self) -> None:
+        """Refresh every worker's load from ``/v1/loads`` every ``loads_interval_s``."""
+        while True:
+            await asyncio.gather(
+                *(
+                    self.poll_load(w)
+                    for w in self._pool.workers
+                    if w.state is not WorkerState.STARTING
+                )
+            )
+            await asyncio.sleep(self._config.loads_interval_s)
+
+    async def poll_load(self, worker: Worker) -> None:
+        try:
+            status, data = await self._client.get(
+                worker, "/v1/loads?include=core,spec", self._config.timeout_s
+            )
+        except UpstreamError:
+            return  # the health check decides what a silent worker means
+        if status == 200:
+            load = parse_loads(data)
+            if load is not None:
+                worker.load = load
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(w) for w in self._pool.workers))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from app.config import BreakerConfig
+from app.workers.breaker import CircuitBreaker
 from app.workers.worker import Worker, WorkerState
 
 
@@ -22,13 +25,29 @@ class EndpointLike(Protocol):
 
 
 class WorkerPool:
-    def __init__(self, urls: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str] = (),
+        *,
+        breaker: BreakerConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._breaker = breaker or BreakerConfig()
+        self._clock = clock
         self._workers: dict[str, Worker] = {}
         # The worker's own /v1/models entry per model id (max_model_len etc.), for /v1/models.
         self._cards: dict[str, dict[str, Any]] = {}
         for url in urls:
-            worker = Worker(url)
+            worker = self._new_worker(url)
             self._workers[worker.name] = worker
+
+    def _new_worker(self, url: str, name: str = "") -> Worker:
+        breaker = CircuitBreaker(
+            failure_threshold=self._breaker.failure_threshold,
+            open_s=self._breaker.open_s,
+            clock=self._clock,
+        )
+        return Worker(url, name=name, breaker=breaker)
 
     @property
     def workers(self) -> tuple[Worker, ...]:
@@ -72,7 +91,7 @@ class WorkerPool:
             seen.add(endpoint.name)
             worker = self._workers.get(endpoint.name)
             if worker is None or worker.url != endpoint.url.rstrip("/"):
-                worker = Worker(endpoint.url, name=endpoint.name)
+                worker = self._new_worker(endpoint.url, endpoint.name)
                 self._workers[endpoint.name] = worker
             if endpoint.draining:
                 worker.state = WorkerState.DRAINING

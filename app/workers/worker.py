@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from app.workers.breaker import BreakerState, CircuitBreaker
+
 
 class WorkerState(enum.Enum):
     STARTING = "starting"  # not yet seen healthy (SGLang answers 503 while loading)
@@ -45,6 +47,7 @@ class Worker:
     models: tuple[str, ...] = ()
     in_flight: int = 0
     load: WorkerLoad = field(default_factory=WorkerLoad)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
@@ -53,7 +56,13 @@ class Worker:
 
     @property
     def routable(self) -> bool:
-        return self.state is WorkerState.HEALTHY
+        """Healthy, and its breaker lets a request through (in half-open: the one probe)."""
+        return self.state is WorkerState.HEALTHY and self.breaker.allows()
+
+    @property
+    def up(self) -> bool:
+        """Healthy with a closed breaker (``dflash_gateway_worker_up``)."""
+        return self.state is WorkerState.HEALTHY and self.breaker.state is BreakerState.CLOSED
 
     @property
     def load_score(self) -> float:
