@@ -47,6 +47,9 @@ bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglan
 	$(BIN)/pip install --quiet 'sglang-router==0.3.2'
 	$(BIN)/dflash-gateway bench overhead --out bench-results
 
+bench-affinity: $(STAMP) ## prefix-cache hit rate per routing policy (3 emulated workers)
+	$(BIN)/python -m loadtest.affinity
+
 bench-pick: $(STAMP) ## routing pick() cost per policy for 1, 16, 256 workers
 	$(BIN)/python -m loadtest.pick_bench
 
