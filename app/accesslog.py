@@ -23,6 +23,7 @@ class AccessRecord:
     route: str
     model: str
     stream: bool
+    key: str | None = None  # the API key's name, never the key
     worker: str | None = None
     status: int = 0
     outcome: str = "ok"

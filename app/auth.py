@@ -1,7 +1,7 @@
 """Client API keys: who may use the gateway, and under which name they appear in logs and metrics.
 
 Keys come from ``--api-key`` (repeatable), ``DFLASH_GATEWAY_API_KEYS`` (comma-separated) and a keys
-file (``api_keys_file``, e.g. mounted from a Kubernetes Secret) that is re-read when it changes, so
+file (``auth.keys_file``, e.g. mounted from a Kubernetes Secret) that is re-read when it changes, so
 a revoked key stops working without a restart. Each entry is ``NAME:KEY`` or a bare ``KEY``
 (named ``key-<8 hex of its digest>``); blank lines and ``#`` comments are ignored in the file.
 
@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,11 +103,13 @@ class KeyStore:
         log.info("loaded %d API keys from %s", len(self._file_entries), self._file)
         return True
 
-    async def watch(self, interval_s: float) -> None:
-        """Reload the keys file every ``interval_s`` until cancelled."""
+    async def watch(self, interval_s: float, on_change: Callable[[], None] | None = None) -> None:
+        """Reload the keys file every ``interval_s`` until cancelled; ``on_change`` runs after
+        each reload that replaced the key set."""
         while True:
             await asyncio.sleep(interval_s)
-            self.reload()
+            if self.reload() and on_change is not None:
+                on_change()
 
 
 def bearer_token(authorization: str | None) -> str | None:

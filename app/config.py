@@ -86,10 +86,17 @@ class TimeoutConfig(_Section):
     keepalive_s: float = Field(15.0, gt=0)
     # No limit on total stream duration unless set.
     total_s: float | None = Field(None, gt=0)
+    # Slow clients (slowloris): the request line and headers must arrive within client_header_s
+    # of the connection opening (or of the previous response), the body within client_body_s of
+    # the headers; else 408 and the connection is closed.
+    client_header_s: float = Field(10.0, gt=0)
+    client_body_s: float = Field(60.0, gt=0)
 
 
 class LimitsConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # Request line + headers; more is answered 431 and the connection closed.
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
     # Used when a request sets neither max_tokens nor max_completion_tokens.
     default_max_tokens: int | None = Field(None, ge=1)
     # Requests asking for more are clamped to this value.

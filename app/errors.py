@@ -4,7 +4,9 @@
 
     GatewayError                        500 internal_error
     ├── InvalidRequest                  400 invalid_request_error
-    │   └── PayloadTooLarge             413
+    │   ├── PayloadTooLarge             413
+    │   ├── RequestTimeout              408  the client sent its request too slowly
+    │   └── HeadersTooLarge             431
     ├── AuthenticationFailed            401 authentication_error (invalid_api_key)
     ├── NotFound                        404 (not_found)
     │   └── ModelNotFound               404 (model_not_found)
@@ -21,6 +23,9 @@ Lower layers raise these (or have their own errors mapped to these at the bounda
 handlers in ``install_handlers`` turn every error, including FastAPI's own validation errors and
 404/405, into ``{"error": {"message", "type", "param", "code"}}``. Mid-stream the same error becomes
 ``data: {"error": ...}`` followed by ``data: [DONE]``.
+
+Clients read ``client_message``: for errors about workers a generic sentence, because the detailed
+``message`` names the worker (often host:port); that goes to the access log only.
 """
 
 from __future__ import annotations
@@ -62,10 +67,15 @@ class GatewayError(Exception):
             self.status = status
         self.retry_after = retry_after
 
+    @property
+    def client_message(self) -> str:
+        """What the client reads; ``message`` (the log's version) may say more."""
+        return self.message
+
     def body(self) -> dict[str, Any]:
         return {
             "error": {
-                "message": self.message,
+                "message": self.client_message,
                 "type": self.type,
                 "param": self.param,
                 "code": self.code,
@@ -98,6 +108,16 @@ class InvalidRequest(GatewayError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = "payload_too_large"
+
+
+class RequestTimeout(InvalidRequest):
+    status = 408
+    code = "request_timeout"
+
+
+class HeadersTooLarge(InvalidRequest):
+    status = 431
+    code = "request_header_fields_too_large"
 
 
 class AuthenticationFailed(GatewayError):
@@ -140,17 +160,25 @@ class UpstreamError(GatewayError):
     code = "upstream_error"
     # Whether another worker may be tried (only ever before the commit point).
     retryable = False
+    # The client's version of ``message``, which names the worker.
+    public = "a worker failed while serving the request"
+
+    @property
+    def client_message(self) -> str:
+        return self.public
 
 
 class UpstreamConnectError(UpstreamError):
     code = "upstream_unavailable"
     retryable = True
+    public = "no worker could be reached for the request"
 
 
 class UpstreamTimeout(UpstreamError):
     status = 504
     type = "timeout"
     code = "upstream_timeout"
+    public = "the worker did not answer in time"
 
 
 class UpstreamStatusError(UpstreamError):
@@ -162,6 +190,13 @@ class UpstreamStatusError(UpstreamError):
         super().__init__(message, status=status, param=param, code=str(status))
         self.type = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
         self.retryable = status in self.RETRYABLE_STATUSES
+
+    @property
+    def client_message(self) -> str:
+        # The worker's own words for a refused request (4xx, a full queue); not for its crashes.
+        if status_passes_message(self.status):
+            return self.message
+        return f"the worker failed to process the request (HTTP {self.status})"
 
     @classmethod
     def from_worker(cls, status: int, raw: bytes) -> UpstreamStatusError:
@@ -184,6 +219,11 @@ class UpstreamStatusError(UpstreamError):
 
 class UpstreamStreamBroken(UpstreamError):
     code = "stream_interrupted"
+    public = "the worker's stream was interrupted"
+
+
+def status_passes_message(status: int) -> bool:
+    return status < 500 or status == 503
 
 
 _STATUS_ERRORS: dict[int, type[GatewayError]] = {

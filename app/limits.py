@@ -4,11 +4,15 @@ A token bucket per key name (``rate_per_s`` sustained, ``burst`` at once) and a 
 flight per key. Over either limit the request is refused with 429 + ``Retry-After`` (the only 429
 the gateway sends; see CONTRACTS.md). The in-process backend limits each gateway process on its
 own; the Redis backend shares the limits across gateway replicas and processes, with the bucket
-updated atomically in a Lua script on the Redis server's clock.
+updated atomically in a Lua script on the Redis server's clock. If Redis cannot be reached the
+request is let through (logged): a limiter outage must not become a gateway outage.
+
+``make_limiter`` picks the backend from ``LimitsConfig``; None when no per-key limit is set.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +20,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.config import LimitsConfig
 from app.errors import RateLimited
 
+log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
@@ -32,6 +38,21 @@ class Limiter(Protocol):
     def hold(self, key: str) -> Any:
         """``async with limiter.hold(key):`` for the whole request; raises RateLimited."""
         ...
+
+    async def close(self) -> None: ...
+
+
+def make_limiter(config: LimitsConfig, clock: Clock = time.monotonic) -> Limiter | None:
+    limits = KeyLimits(
+        rate_per_s=config.key_rate_per_s,
+        burst=config.key_burst,
+        max_concurrent=config.key_max_concurrent,
+    )
+    if limits.rate_per_s is None and limits.max_concurrent is None:
+        return None
+    if config.redis_url:
+        return RedisLimiter(config.redis_url, limits)
+    return LocalLimiter(limits, clock)
 
 
 class TokenBucket:
@@ -65,6 +86,9 @@ class LocalLimiter:
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
         self._in_flight: dict[str, int] = {}
+
+    async def close(self) -> None:
+        pass
 
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
@@ -123,7 +147,8 @@ return 1
 
 class RedisLimiter:
     """Limits shared by every gateway replica through one Redis. A replica that dies holding
-    concurrency slots leaks them only until the counter's TTL (``lease_ttl_s``) expires."""
+    concurrency slots leaks them only until the counter's TTL (``lease_ttl_s``) expires. Every
+    Redis call is bounded by ``timeout_s``; on any Redis error the request is admitted."""
 
     def __init__(
         self,
@@ -132,10 +157,15 @@ class RedisLimiter:
         *,
         prefix: str = "dflash-gateway",
         lease_ttl_s: float = 3600.0,
+        timeout_s: float = 0.5,
     ) -> None:
         import redis.asyncio as redis
+        from redis.exceptions import RedisError
 
-        self._redis: Any = redis.from_url(url)
+        self._redis: Any = redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._errors = (RedisError, OSError)
         self._limits = limits
         self._prefix = prefix
         self._ttl_ms = int(lease_ttl_s * 1000)
@@ -145,24 +175,37 @@ class RedisLimiter:
     async def close(self) -> None:
         await self._redis.aclose()
 
+    async def _call(self, what: str, call: Any, **kwargs: Any) -> Any:
+        """The Redis call's result, or None when Redis failed (logged: the request goes on)."""
+        try:
+            return await call(**kwargs)
+        except self._errors as exc:
+            log.warning("rate-limit store unavailable (%s: %s); not limiting", what, exc)
+            return None
+
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
         limits = self._limits
         counter = f"{self._prefix}:inflight:{key}"
+        counted = False
         if limits.max_concurrent is not None:
-            admitted = await self._acquire(
-                keys=[counter], args=[limits.max_concurrent, self._ttl_ms]
+            admitted = await self._call(
+                "acquire", self._acquire, keys=[counter], args=[limits.max_concurrent, self._ttl_ms]
             )
-            if not admitted:
+            if admitted is not None and not admitted:
                 raise _refuse(
                     1.0,
                     f"too many concurrent requests for this API key "
                     f"(limit {limits.max_concurrent})",
                 )
+            counted = admitted is not None
         try:
             if limits.rate_per_s is not None:
-                wait_ms = await self._bucket(
-                    keys=[f"{self._prefix}:bucket:{key}"], args=[limits.rate_per_s, limits.burst]
+                wait_ms = await self._call(
+                    "bucket",
+                    self._bucket,
+                    keys=[f"{self._prefix}:bucket:{key}"],
+                    args=[limits.rate_per_s, limits.burst],
                 )
                 if wait_ms:
                     raise _refuse(
@@ -171,5 +214,5 @@ class RedisLimiter:
                     )
             yield
         finally:
-            if limits.max_concurrent is not None:
-                await self._redis.decr(counter)
+            if counted:
+                await self._call("release", self._redis.decr, name=counter)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -11,14 +12,18 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
 from app.api import openai, ops
 from app.api.deps import Gateway
 from app.api.request_id import RequestIdMiddleware
+from app.api.schema import openapi_document
+from app.auth import KeyStore
 from app.config import Settings
 from app.errors import install_handlers
+from app.limits import make_limiter
 from app.metrics import Metrics
 from app.proxy import Proxy
 from app.routing.policies import make_policy
@@ -26,6 +31,8 @@ from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
+
+log = logging.getLogger(__name__)
 
 
 def create_app(
@@ -55,7 +62,17 @@ def create_app(
     )
     health = HealthChecker(pool, client, settings.health)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
-    gateway = Gateway(settings=settings, pool=pool, proxy=proxy, metrics=metrics)
+    keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
+    limiter = make_limiter(settings.limits, clock)
+    gateway = Gateway(
+        settings=settings, pool=pool, proxy=proxy, metrics=metrics, keys=keys, limiter=limiter
+    )
+
+    def publish_keys() -> None:
+        for name in keys.names():
+            metrics.add_key(name)
+
+    publish_keys()
 
     def publish(endpoints: Sequence[EndpointLike]) -> None:
         pool.reconcile(endpoints)
@@ -70,6 +87,11 @@ def create_app(
             asyncio.create_task(health.run(), name="health"),
             asyncio.create_task(health.poll_loads(), name="loads"),
         ]
+        if settings.auth.keys_file is not None:
+            watch = keys.watch(settings.auth.reload_s, publish_keys)
+            tasks.append(asyncio.create_task(watch, name="keys"))
+        if keys.open:
+            log.warning("no API keys configured: anyone who can reach the gateway may use it")
         try:
             yield
         finally:
@@ -81,6 +103,8 @@ def create_app(
                     await task
             await proxy.aclose()
             await client.aclose()
+            if limiter is not None:
+                await limiter.close()
 
     app = FastAPI(
         title="dflash-gateway",
@@ -88,13 +112,23 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
+    app.openapi = lambda: openapi_document(app, settings)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.transport = transport
     app.state.gateway = gateway
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
+    if settings.cors_origins:  # off by default: browsers get no CORS headers at all
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id"],
+            expose_headers=["x-request-id", "retry-after"],
+            max_age=600,
+        )
     app.include_router(openai.router)
     app.include_router(ops.router)
     return app

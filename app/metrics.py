@@ -58,6 +58,16 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        # Per API key NAME (never the key); label values are configured names only.
+        self.key_requests = Counter(
+            PREFIX + "key_requests", "Requests per API key name", ["key"], registry=r
+        )
+        self.key_completion_tokens = Counter(
+            PREFIX + "key_completion_tokens",
+            "Completion tokens per API key name",
+            ["key"],
+            registry=r,
+        )
         for outcome in STREAM_OUTCOMES:
             self.stream_outcomes.labels(outcome)
 
@@ -66,6 +76,17 @@ class Metrics:
         for outcome in ATTEMPT_OUTCOMES:
             self.upstream_attempts.labels(worker, outcome)
         self.in_flight.labels(worker)
+
+    def add_key(self, name: str) -> None:
+        """Pre-initialise a configured API key name's series."""
+        self.key_requests.labels(name)
+        self.key_completion_tokens.labels(name)
+
+    def record_key_request(self, name: str) -> None:
+        self.key_requests.labels(name).inc()
+
+    def record_key_tokens(self, name: str, completion_tokens: int) -> None:
+        self.key_completion_tokens.labels(name).inc(completion_tokens)
 
     def record_request(self, route: str, model: str, status: int) -> None:
         self.requests.labels(route, model, str(status)).inc()

@@ -70,8 +70,7 @@ def parse_request(
             raise _fail("messages: a non-empty array is required", "messages")
         if len(messages) > limits.max_messages:
             raise _fail(f"messages: at most {limits.max_messages} messages", "messages")
-        if not all(isinstance(m, dict) for m in messages):
-            raise _fail("messages: every message must be an object", "messages")
+        _check_messages(messages)
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)) or not prompt:
@@ -110,6 +109,27 @@ def parse_request(
     )
 
 
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def _check_messages(messages: list[Any]) -> None:
+    """Each message an object; a role, if given, a known one; content a string, an array or
+    null (what an SGLang worker would refuse with a 400 anyway, refused without a round trip)."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _fail("messages: every message must be an object", "messages")
+        role = message.get("role", "user")
+        if not isinstance(role, str) or role not in ROLES:
+            allowed = ", ".join(sorted(ROLES))
+            raise _fail(f"messages[{i}].role: must be one of {allowed}", f"messages.{i}.role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise _fail(
+                f"messages[{i}].content: must be a string, an array or null",
+                f"messages.{i}.content",
+            )
+
+
 def _patch_max_tokens(
     body: Mapping[str, Any], route: Route, limits: LimitsConfig, patch: dict[str, Any]
 ) -> None:
@@ -139,4 +159,8 @@ def _prefix(raw: bytes, body: Mapping[str, Any], patch: dict[str, Any]) -> bytes
         return head + b","
     merged = {key: value for key, value in body.items() if key != "rid"}
     merged.update(patch)
-    return orjson.dumps(merged)[:-1] + (b"," if merged else b"")
+    try:
+        dumped = orjson.dumps(merged)
+    except TypeError:  # orjson writes at most 254 levels of nesting (and reads 1024)
+        raise _fail("request body is nested too deeply") from None
+    return dumped[:-1] + (b"," if merged else b"")

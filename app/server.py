@@ -1,4 +1,5 @@
-"""``dflash-gateway serve``: the gateway under uvicorn (uvloop + httptools, TCP_NODELAY).
+"""``dflash-gateway serve``: the gateway under uvicorn (uvloop + httptools, TCP_NODELAY), with
+deadlines and a size cap for request headers and bodies (``app.httpguard``).
 
 With no worker source configured (``Settings.embedded_default``) the emulated workers are
 started first and stopped last, whatever ends the server: Ctrl-C, SIGTERM or an error.
@@ -23,6 +24,7 @@ from app.accesslog import configure_logging
 from app.api.deps import Gateway
 from app.config import Settings
 from app.embedded import EmbeddedStartError, EmbeddedWorkers
+from app.httpguard import GuardLimits, guarded_protocol
 from app.main import create_app
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,13 @@ def serve(settings: Settings) -> int:
             app = create_app(settings)
             config = uvicorn.Config(
                 app,
-                http="httptools",
+                http=guarded_protocol(
+                    GuardLimits(
+                        header_s=settings.timeouts.client_header_s,
+                        body_s=settings.timeouts.client_body_s,
+                        max_header_bytes=settings.limits.max_header_bytes,
+                    )
+                ),
                 lifespan="on",
                 access_log=False,
                 log_config=log_config,

@@ -1,4 +1,7 @@
-"""Operational endpoints: liveness, readiness, Prometheus metrics, the worker table (read-only)."""
+"""Operational endpoints: liveness, readiness, Prometheus metrics, the worker table (read-only).
+
+Probes never need an API key; ``/metrics`` and ``/workers`` do when ``auth.protect_ops`` is set.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
 from app.api.deps import GatewayDep
+from app.api.security import OpsKey
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter(include_in_schema=False)
@@ -31,13 +35,13 @@ async def readyz(gw: GatewayDep) -> Response:
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[OpsKey])
 async def metrics(gw: GatewayDep) -> Response:
     gw.metrics.observe_in_flight({w.name: w.in_flight for w in gw.pool.workers})
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.get("/workers")
+@router.get("/workers", dependencies=[OpsKey])
 async def workers(gw: GatewayDep) -> dict[str, Any]:
     return {
         "policy": gw.settings.policy,

@@ -63,7 +63,9 @@ async def handle_generate(
     except ValueError as exc:  # bad JSON / body
         await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
         return
-    session = Session(worker, req, header(scope, b"x-emulator-profile"))
+    session = Session(
+        worker, req, header(scope, b"x-emulator-profile"), header(scope, b"x-request-id")
+    )
     watcher = watch_disconnect(receive, lambda: session.active.abort("disconnect"))
     error: str | None = None
     try:

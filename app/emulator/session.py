@@ -38,9 +38,16 @@ def pick_profile(header: str | None, configured: str, req: GenRequest) -> str:
 
 
 class Session:
-    def __init__(self, worker: Worker, req: GenRequest, profile_header: str | None = None):
+    def __init__(
+        self,
+        worker: Worker,
+        req: GenRequest,
+        profile_header: str | None = None,
+        request_id: str | None = None,
+    ):
         self.worker = worker
         self.req = req
+        self.request_id = request_id  # the client's X-Request-Id, as forwarded by a gateway
         self.rid = req.rid or f"{worker.rng.getrandbits(128):032x}"
         self.profile = pick_profile(profile_header, worker.config.profile, req)
         clock = worker.clock
@@ -184,6 +191,7 @@ class Session:
         w.stats.add(
             {
                 "rid": self.rid,
+                "request_id": self.request_id,
                 "kind": self.req.kind,
                 "profile": self.profile,
                 "stream": self.req.stream,

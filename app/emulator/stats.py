@@ -1,8 +1,8 @@
 """Ground truth: one record per finished request, totals, and the ``--stats-file`` JSONL copy.
 
-A record: ``rid, kind, profile, stream, steps, tokens_per_step, completion_tokens,
-reasoning_tokens, prompt_tokens, cached_tokens, prefill_s (the modelled prefill time, shortened by
-cached tokens), spec_accept_length, finish_reason, aborted
+A record: ``rid, request_id (the X-Request-Id header, if any), kind, profile, stream, steps,
+tokens_per_step, completion_tokens, reasoning_tokens, prompt_tokens, cached_tokens, prefill_s (the
+modelled prefill time, shortened by cached tokens), spec_accept_length, finish_reason, aborted
 (null | "abort" | "disconnect"), error (null | fault name), chunks_sent, started, first_token,
 finished`` (Unix seconds). The last 20,000 are kept in memory; all are appended to the file as they
 finish, so they survive the process being killed.

@@ -37,7 +37,12 @@ def _leading_conversation(body: Mapping[str, Any]) -> bytes | None:
             head.append([message.get("role"), message.get("content")])
             if message.get("role") == "user":
                 break
-        return orjson.dumps(head) if head else None
+        if not head:
+            return None
+        try:
+            return orjson.dumps(head)
+        except TypeError:  # nested deeper than orjson writes: no affinity for this one
+            return None
     prompt = body.get("prompt")
     if isinstance(prompt, str) and prompt:
         # Completions: the first 2 KiB stand in for the shared prefix (system prompt, few-shots).

@@ -1,0 +1,122 @@
+"""The public endpoints' OpenAPI document (``GET /openapi.json``), for clients and fuzzers.
+
+The handlers read request bodies themselves (``app.protocol``: one orjson parse, unknown fields
+passed through), so these models only DOCUMENT the bodies; FastAPI never validates with them. They
+describe what the gateway itself checks, and allow every other field (``additionalProperties``),
+as the workers accept OpenAI's and SGLang's full parameter sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.config import Settings
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class ChatMessage(_Open):
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class _Generation(_Open):
+    model: str = Field(min_length=1, description="a served model or one of its aliases")
+    max_tokens: int | None = Field(
+        None, ge=1, description="larger values are lowered to the gateway's cap"
+    )
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(_Generation):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(_Generation):
+    prompt: str | list[Any] = Field(min_length=1)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+_ERRORS: dict[int | str, str] = {
+    400: "invalid request (the worker's own 4xx errors keep their status)",
+    401: "missing, wrong or revoked API key",
+    404: "unknown model",
+    408: "the request was sent too slowly",
+    413: "body too large",
+    429: "per-key rate or concurrency limit (see Retry-After)",
+    500: "internal error",
+    502: "a worker failed",
+    503: "no worker can take the request now (see Retry-After)",
+    504: "a worker did not answer in time",
+}
+
+
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorResponse, "description": why} for status, why in _ERRORS.items()}
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose body ``model`` documents."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def completion_responses() -> dict[int | str, dict[str, Any]]:
+    ok = {
+        "description": "the worker's answer: JSON, or server-sent events when stream is true",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
+    return {200: ok, **error_responses()}
+
+
+def openapi_document(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """Build (once) the document FastAPI serves, with the body models in its components."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description="OpenAI-compatible gateway in front of SGLang workers.",
+        routes=app.routes,
+    )
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for model in (ChatCompletionRequest, CompletionRequest):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(body.pop("$defs", {}))
+        schemas[model.__name__] = body
+    messages = schemas["ChatCompletionRequest"]["properties"]["messages"]
+    messages["maxItems"] = settings.limits.max_messages
+    if not app.state.gateway.keys.open:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    app.openapi_schema = doc
+    return doc

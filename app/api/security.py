@@ -1,0 +1,113 @@
+"""Who may call the gateway, and how much: API keys (``app.auth``) and per-key limits
+(``app.limits``), checked once per request before its body is read — never per stream chunk.
+
+``ClientKey`` is a dependency of the ``/v1/*`` routes: the caller's key NAME (None when no keys are
+configured), or a 401 in OpenAI shape. ``OpsKey`` guards ``/metrics`` and ``/workers`` only when
+``auth.protect_ops`` is set; probes (``/livez``, ``/readyz``, ``/health``) never need a key.
+``admit`` takes the key's limiter slot (429 + Retry-After when over a limit) and ``KeyedResponse``
+gives it back when the response has been sent, counting the key's completion tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from starlette.responses import Response
+
+from app.accesslog import AccessRecord
+from app.api.deps import Gateway
+from app.auth import bearer_token
+from app.errors import AuthenticationFailed
+from app.metrics import Metrics
+from app.streaming import Receive, Send
+
+log = logging.getLogger(__name__)
+
+_MISSING = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+_WRONG = "Incorrect API key provided."
+
+
+def key_name(request: Request, gw: Gateway) -> str | None:
+    """The caller's key name; None when the gateway is open. Raises ``AuthenticationFailed``."""
+    keys = gw.keys
+    if keys.open:
+        return None
+    token = bearer_token(request.headers.get("authorization"))
+    if token is None:
+        raise AuthenticationFailed(_MISSING)
+    name = keys.authenticate(token)
+    if name is None:
+        raise AuthenticationFailed(_WRONG)
+    return name
+
+
+async def client_key(request: Request) -> str | None:
+    gw: Gateway = request.app.state.gateway
+    return key_name(request, gw)
+
+
+async def ops_key(request: Request) -> None:
+    gw: Gateway = request.app.state.gateway
+    if gw.settings.auth.protect_ops:
+        key_name(request, gw)
+
+
+ClientKey = Annotated[str | None, Depends(client_key)]
+OpsKey = Depends(ops_key)
+
+
+async def admit(gw: Gateway, key: str | None) -> contextlib.AsyncExitStack | None:
+    """Count the request for its key and take the key's limiter slot (``RateLimited`` if over a
+    limit). The returned stack releases the slot; None when there is nothing to release."""
+    if key is None:
+        return None
+    gw.metrics.record_key_request(key)
+    stack = contextlib.AsyncExitStack()
+    if gw.limiter is not None:
+        await stack.enter_async_context(gw.limiter.hold(key))
+    return stack
+
+
+class KeyedResponse(Response):
+    """Wraps the proxy's response: afterwards, releases the key's limiter slot and adds the
+    request's completion tokens to the key's counter."""
+
+    def __init__(
+        self,
+        inner: Response,
+        *,
+        key: str,
+        record: AccessRecord,
+        release: contextlib.AsyncExitStack,
+        metrics: Metrics,
+    ) -> None:
+        self._inner = inner
+        self._key = key
+        self._record = record
+        self._release = release
+        self._metrics = metrics
+        self.background = None
+        self.status_code = inner.status_code
+        self.raw_headers = []
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        try:
+            await self._inner(scope, receive, send)
+        finally:
+            await release(self._release)
+            tokens = self._record.completion_tokens
+            if tokens:
+                self._metrics.record_key_tokens(self._key, tokens)
+
+
+async def release(stack: contextlib.AsyncExitStack) -> None:
+    try:
+        await stack.aclose()
+    except Exception:  # a limiter that fails to release must not fail the request
+        log.exception("releasing a per-key limit failed")

@@ -1,0 +1,163 @@
+"""Slow and oversized requests, refused at the HTTP layer before any application code runs.
+
+uvicorn's httptools protocol waits as long as a client likes for a request's headers and body, and
+keeps every header byte it is sent: a few hundred connections trickling bytes (slowloris) would hold
+sockets and memory forever. ``guarded_protocol`` returns a subclass with three limits per request:
+
+- the request line and headers must be complete within ``header_s`` of the connection opening (or
+  of the request's first byte, on a kept-alive connection: uvicorn's own keep-alive timeout covers
+  the idle time between requests);
+- the body within ``body_s`` of the headers;
+- request line + headers at most ``max_header_bytes``.
+
+Over a limit the client gets a 408 or 431 (OpenAI-shaped JSON, ``Connection: close``) if nothing was
+answered yet, and the connection is closed; a response already under way is left to finish. The
+cost is one timer per request phase (``loop.call_later``), nothing per body chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.errors import GatewayError, HeadersTooLarge, RequestTimeout
+
+log = logging.getLogger(__name__)
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+@dataclass(frozen=True, slots=True)
+class GuardLimits:
+    header_s: float
+    body_s: float
+    max_header_bytes: int
+
+
+class _HeadersOverLimit(Exception):
+    """Raised in a parser callback: stops parsing (see ``send_400_response``)."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    limits = GuardLimits(header_s=10.0, body_s=60.0, max_header_bytes=64 * 1024)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+
+    # Timer plumbing
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        self._guard = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+            self._guard = None
+
+    # Connection and parser callbacks
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_s, self._headers_too_slow)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        # httptools reports an exception raised in a callback as a parse error, answered 400.
+        if self._header_bytes > self.limits.max_header_bytes:
+            limit = self.limits.max_header_bytes
+            self._refuse(HeadersTooLarge(f"request headers are larger than {limit} bytes"))
+        else:
+            super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+        if self._guard is None:  # a kept-alive connection's next request
+            self._arm(self.limits.header_s, self._headers_too_slow)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+        self._arm(self.limits.body_s, self._body_too_slow)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.limits.max_header_bytes:
+            raise _HeadersOverLimit
+
+    # Limits
+    def _headers_too_slow(self) -> None:
+        self._guard = None
+        self._refuse(RequestTimeout("the request headers were not received in time"))
+
+    def _body_too_slow(self) -> None:
+        self._guard = None
+        self._refuse(RequestTimeout("the request body was not received in time"))
+
+    def _refuse(self, error: GatewayError) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        log.info("closing the connection from %s: %s", _peer(self.client), error.message)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.response_started:
+                # Let the answer under way finish; read nothing more, then close.
+                cycle.keep_alive = False
+                self.flow.pause_reading()
+                return
+            # The application is still waiting for the body: it sees a disconnect from now on
+            # and whatever it sends is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        transport.write(_raw_response(error))
+        transport.close()
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "unknown"
+
+
+def _raw_response(error: GatewayError) -> bytes:
+    body = orjson.dumps(error.body())
+    reason = _REASONS.get(error.status, b"Error")
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (error.status, reason),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+def guarded_protocol(limits: GuardLimits) -> type[GuardedHttpToolsProtocol]:
+    """The httptools protocol class with these limits, for ``uvicorn.Config(http=...)``."""
+
+    class Guarded(GuardedHttpToolsProtocol):
+        pass
+
+    Guarded.limits = limits
+    return Guarded
