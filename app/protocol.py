@@ -3,9 +3,9 @@
 The client's JSON is parsed once (orjson) and the handful of fields the gateway needs are checked
 by hand: no pydantic model per request, unknown fields pass through untouched. Upstream the
 gateway sends the client's ORIGINAL bytes with the fields it must set appended before the closing
-brace (``rid`` always; ``max_tokens``/``stream_options`` when it has to). Only when the client's
-body already holds one of those keys (or a model alias must be resolved) is the body re-serialised,
-once per request. The per-attempt ``rid`` is then a cheap byte concatenation.
+brace (``rid`` always; ``max_tokens``/``stream_options``/``return_meta_info`` when it has to). Only
+when the client's body already holds one of those keys (or a model alias must be resolved) is the
+body re-serialised, once per request. The per-attempt ``rid`` is then a cheap byte concatenation.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ class ParsedRequest:
     served_model: str  # what the workers serve
     stream: bool
     client_wants_usage: bool  # the client itself set stream_options.include_usage
+    client_wants_meta_info: bool  # the client itself set return_meta_info
+    choices: int  # ``n``: choices generated in parallel
     # Everything of the upstream body except the closing ``,"rid":"..."}``.
     _prefix: bytes
 
@@ -97,6 +99,13 @@ def parse_request(
     if stream and not client_wants_usage:
         # Forced so the gateway always sees token counts; the chunk is dropped on the way back.
         patch["stream_options"] = {**(stream_options or {}), "include_usage": True}
+    client_wants_meta_info = body.get("return_meta_info") is True
+    if route is Route.CHAT and not stream and not client_wants_meta_info:
+        # The exact acceptance length (meta_info.spec_verify_ct); stripped from the response.
+        # SGLang refuses return_meta_info on streams, and text completions have no such field.
+        patch["return_meta_info"] = True
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
 
     return ParsedRequest(
         route=route,
@@ -105,6 +114,8 @@ def parse_request(
         served_model=served,
         stream=stream,
         client_wants_usage=client_wants_usage,
+        client_wants_meta_info=client_wants_meta_info,
+        choices=choices,
         _prefix=_prefix(raw, body, patch),
     )
 

@@ -15,7 +15,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -34,7 +34,7 @@ from app.errors import (
 )
 from app.metrics import Metrics
 from app.protocol import ParsedRequest
-from app.relay import relay_stream, relay_whole
+from app.relay import Tally, relay_stream, relay_whole
 from app.routing.policies import Policy, RoutingContext
 from app.streaming import DISCONNECT, TIMEOUT, Downstream, Receive, Send, Supervisor
 from app.upstream.client import UpstreamClient
@@ -57,6 +57,7 @@ class Job:
     record: AccessRecord
     started: float
     queue_wait_s: float = 0.0  # time spent in the admission queue
+    tally: Tally = field(default_factory=Tally)  # what the relay saw of the last attempt
 
     @property
     def committed(self) -> bool:
@@ -166,11 +167,45 @@ class Proxy:
             await sup.stop()
             if sup.disconnected:
                 record.outcome, record.status = DISCONNECT, 499
-            record.duration_ms = round((self._clock() - job.started) * 1000, 3)
-            if job.request.stream:
-                self._metrics.record_stream(record.outcome)
-            self._metrics.record_request(job.request.route.value, job.ctx.model, record.status)
+            end = self._clock()
+            record.duration_ms = round((end - job.started) * 1000, 3)
+            self._record(job, end)
             self._access.emit(record)
+
+    def _record(self, job: Job, end: float) -> None:
+        """The request's metrics, all at once (none were touched while relaying)."""
+        metrics, record, request, model = self._metrics, job.record, job.request, job.ctx.model
+        if request.stream:
+            metrics.record_stream(record.outcome)
+        metrics.record_request(request.route.value, model, record.status, end - job.started)
+        metrics.record_queue_wait(job.queue_wait_s)
+        tally = job.tally
+        usage = tally.usage
+        if usage is not None and tally.worker is not None:
+            steps = usage.verify_steps
+            source: str | None = "exact" if usage.exact else "estimated"
+            mean = tally.worker.load.accept_length
+            if steps is None and usage.completion_tokens and mean:
+                # No per-request figure (a non-streamed text completion): the worker's own mean
+                # keeps completion_tokens_total / spec_verify_steps_total consistent.
+                steps, source = max(1, round(usage.completion_tokens / mean)), None
+            metrics.record_tokens(
+                model,
+                tally.worker.name,
+                prompt=usage.prompt_tokens,
+                completion=usage.completion_tokens,
+                reasoning=usage.reasoning_tokens,
+                verify_steps=steps,
+                source=source,
+            )
+        if request.stream and tally.first_at is not None:
+            metrics.record_stream_timing(
+                model,
+                ttft_s=tally.first_at - job.started,
+                first_at=tally.first_at,
+                chunk_times=tally.chunk_times,
+                completion_tokens=usage.completion_tokens if usage is not None else None,
+            )
 
     async def _forward(self, job: Job, down: Downstream, sup: Supervisor) -> None:
         retry = self._settings.retry
@@ -248,12 +283,24 @@ class Proxy:
                 )
                 sup.receiving = True
                 sup.last_rx = self._clock()
+                job.tally = tally = Tally(worker=worker)
+                expose = self._settings.expose_accept_length
                 if job.request.stream:
                     await relay_stream(
-                        job.request, job.record, job.started, worker, response, down, sup
+                        job.request,
+                        job.record,
+                        tally,
+                        job.started,
+                        worker,
+                        response,
+                        down,
+                        sup,
+                        expose=expose,
                     )
                 else:
-                    await relay_whole(worker, response, down, job.record)
+                    await relay_whole(
+                        job.request, job.record, tally, worker, response, down, expose=expose
+                    )
                 abort = False
                 outcome = "ok"
             except asyncio.CancelledError:

@@ -1,40 +1,66 @@
 """The relay loops: a worker's response out to the client, observed in passing.
 
 This is the hot path. Per upstream chunk the stream loop does one clock read, the observer's
-``endswith``/substring checks and the ASGI send of the very same bytes object: no JSON, no
-pydantic, no copy, no timer (deadlines and keep-alives live in the request's ``Supervisor``).
+``endswith``/``count``/substring checks, one list append (the chunk's time, for the inter-chunk
+histogram, observed once at the end of the request) and the ASGI send of the very same bytes
+object: no JSON, no pydantic, no copy, no timer (deadlines and keep-alives live in the request's
+``Supervisor``), no metric update.
+
+A non-streamed response is parsed once (orjson) for its usage and each choice's ``meta_info``
+(the exact acceptance length, asked for by the gateway); ``meta_info`` is removed from the
+client's copy unless the client asked for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 import httpx
 import orjson
 
 from app.accesslog import AccessRecord
 from app.errors import UpstreamStreamBroken
-from app.protocol import ParsedRequest
+from app.protocol import ParsedRequest, Route
 from app.streaming import Downstream, Supervisor
 from app.upstream.client import map_transport_error
-from app.upstream.sse import SSEObserver, Usage, parse_usage
+from app.upstream.sse import SSEObserver, Usage, parse_usage, take_meta_info
 from app.workers.worker import Worker
+
+ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the relay saw of one upstream attempt, for the metrics recorded after the request."""
+
+    worker: Worker | None = None
+    usage: Usage | None = None
+    first_at: float | None = None  # clock when the first data event was relayed (commit point)
+    chunk_times: list[float] = field(default_factory=list)  # clock at every later relayed chunk
 
 
 async def relay_stream(
     request: ParsedRequest,
     record: AccessRecord,
+    tally: Tally,
     started: float,
     worker: Worker,
     response: httpx.Response,
     down: Downstream,
     sup: Supervisor,
+    *,
+    expose: bool = False,
 ) -> None:
     """Relay an SSE stream. Sets ``record.ttft_ms`` at the commit point (first data event
-    relayed); raises an ``UpstreamError`` if the stream fails or ends without ``[DONE]``."""
-    obs = SSEObserver(drop_usage=not request.client_wants_usage)
+    relayed); raises an ``UpstreamError`` if the stream fails or ends without ``[DONE]``.
+    ``expose``: add the estimated acceptance length to the usage chunk the client asked for."""
+    # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
+    overhead = 2 * request.choices if request.route is Route.CHAT else 0
+    obs = SSEObserver(drop_usage=not request.client_wants_usage, overhead=overhead, expose=expose)
     clock = sup.clock
     chunk_out = down.chunk
+    stamp = tally.chunk_times.append
     chunks = response.aiter_raw()
     try:
         async for chunk in chunks:  # until the commit point
@@ -43,12 +69,14 @@ async def relay_stream(
             if out:
                 await chunk_out(out)
                 if obs.first_data:
-                    record.ttft_ms = round((clock() - started) * 1000, 3)
+                    tally.first_at = now = clock()
+                    record.ttft_ms = round((now - started) * 1000, 3)
                     break
         async for chunk in chunks:  # steady state
-            sup.last_rx = clock()
+            sup.last_rx = now = clock()
             out = obs.feed(chunk)
             if out:
+                stamp(now)
                 await chunk_out(out)
         rest = obs.finish()
         if rest:
@@ -56,8 +84,8 @@ async def relay_stream(
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, worker, committed=obs.first_data) from None
     finally:
-        record.chunks = obs.chunks
-        set_usage(record, obs.usage)
+        record.chunks = obs.events
+        set_usage(record, tally, obs.usage)
     if not obs.done:
         broken = UpstreamStreamBroken(f"worker {worker.name} ended the stream without [DONE]")
         broken.retryable = not obs.first_data
@@ -69,21 +97,42 @@ async def relay_stream(
 
 
 async def relay_whole(
-    worker: Worker, response: httpx.Response, down: Downstream, record: AccessRecord
+    request: ParsedRequest,
+    record: AccessRecord,
+    tally: Tally,
+    worker: Worker,
+    response: httpx.Response,
+    down: Downstream,
+    *,
+    expose: bool = False,
 ) -> None:
-    """Relay a non-streamed response: the worker's bytes, read whole, sent as they are."""
+    """Relay a non-streamed response: the worker's bytes, read whole, sent as they are (less the
+    ``meta_info`` the gateway asked for). ``expose``: the exact acceptance length as a header."""
     try:
         body = await response.aread()
     except httpx.HTTPError as exc:
         raise map_transport_error(exc, worker, committed=False) from None
+    headers: list[tuple[bytes, bytes]] = []
     with contextlib.suppress(orjson.JSONDecodeError):
-        set_usage(record, parse_usage(orjson.loads(body)))
+        doc = orjson.loads(body)
+        usage = parse_usage(doc)
+        strip = not request.client_wants_meta_info
+        steps = take_meta_info(doc, strip=strip)
+        if strip and b'"meta_info"' in body:
+            body = orjson.dumps(doc)
+        if usage is not None and steps is not None:
+            usage.verify_steps, usage.exact = steps, True
+            length = usage.accept_length
+            if expose and length is not None:
+                headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
+        set_usage(record, tally, usage)
     record.status = response.status_code
     content_type = response.headers.get("content-type", "application/json")
-    await down.complete(response.status_code, body, content_type.encode("latin-1"))
+    await down.complete(response.status_code, body, content_type.encode("latin-1"), headers)
 
 
-def set_usage(record: AccessRecord, usage: Usage | None) -> None:
+def set_usage(record: AccessRecord, tally: Tally, usage: Usage | None) -> None:
     if usage is not None:
+        tally.usage = usage
         record.prompt_tokens = usage.prompt_tokens
         record.completion_tokens = usage.completion_tokens

@@ -75,11 +75,21 @@ class Downstream:
     async def end(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def complete(self, status: int, body: bytes, content_type: bytes) -> None:
-        """A whole non-streamed response."""
+    async def complete(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """A whole non-streamed response (``headers``: more response headers)."""
         await self._start(
             status,
-            [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+            [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or ()),
+            ],
         )
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
         self.body_bytes += len(body)

@@ -20,7 +20,8 @@ def test_original_bytes_are_kept_and_rid_appended() -> None:
     req = parse(raw)
     body = req.upstream_body(RID)  # type: ignore[attr-defined]
     assert body.startswith(raw.rstrip()[:-1])  # untouched client bytes (even "1.50")
-    assert orjson.loads(body) == {**orjson.loads(raw), "rid": RID}
+    # Non-streamed chat: the gateway asks for meta_info (the exact acceptance length).
+    assert orjson.loads(body) == {**orjson.loads(raw), "return_meta_info": True, "rid": RID}
 
 
 def test_stream_forces_usage_and_remembers_the_client_did_not_ask() -> None:
@@ -38,8 +39,23 @@ def test_client_rid_and_alias_force_one_reserialisation() -> None:
         "messages": [{}],
         "rid": RID,
         "stream_options": {"x": 1},
+        "return_meta_info": True,
     }
     assert req.model == "kimi-k2.5"  # type: ignore[attr-defined]
+
+
+def test_meta_info_is_asked_for_non_streamed_chat_only() -> None:
+    def sent(raw: bytes, route: Route = Route.CHAT) -> dict[str, object]:
+        return orjson.loads(parse(raw, route).upstream_body(RID))  # type: ignore[attr-defined,no-any-return]
+
+    assert sent(b'{"model":"m","messages":[{}],"stream":true}').get("return_meta_info") is None
+    assert sent(b'{"model":"m","prompt":"x"}', Route.COMPLETIONS).get("return_meta_info") is None
+    # An explicit false is overridden (the gateway strips meta_info again on the way back).
+    assert sent(b'{"model":"m","messages":[{}],"return_meta_info":false}')["return_meta_info"]
+    asked = parse(b'{"model":"m","messages":[{}],"return_meta_info":true,"n":3}')
+    assert asked.client_wants_meta_info and asked.choices == 3  # type: ignore[attr-defined]
+    default = parse(b'{"model":"m","messages":[{}],"n":"x"}')
+    assert not default.client_wants_meta_info and default.choices == 1  # type: ignore[attr-defined]
 
 
 def test_max_tokens_clamp_and_default() -> None:

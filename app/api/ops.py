@@ -37,7 +37,7 @@ async def readyz(gw: GatewayDep) -> Response:
 
 @router.get("/metrics", dependencies=[OpsKey])
 async def metrics(gw: GatewayDep) -> Response:
-    gw.metrics.observe_in_flight({w.name: w.in_flight for w in gw.pool.workers})
+    gw.metrics.observe_pool(gw.pool.workers, gw.proxy.admission.depth)
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -1,15 +1,25 @@
 """Watching an upstream SSE stream go by without re-serialising it.
 
 ``SSEObserver.feed(chunk)`` returns the bytes to relay, normally ``chunk`` itself (same object, no
-copy). Per chunk it costs an ``endswith`` and a substring search or two; JSON is parsed only for
-the one usage chunk (and a leading error event). What it notices:
+copy). Per chunk it costs an ``endswith``, one ``count`` and a substring search or two; JSON is
+parsed only for the one usage chunk (and a leading error event). What it notices:
 
 * the first ``data:`` event (the commit point, decided by the caller once it is relayed);
 * an error event arriving before any data (``data: {"error": ...}``): the attempt failed before
   the commit point and may be retried;
+* every ``data:`` event (``events``), so the verify steps of the stream can be estimated;
 * the usage chunk (``"choices":[]`` + ``"usage"``): token counts; dropped when the gateway forced
   ``include_usage`` and the client did not ask;
 * ``data: [DONE]`` at the end, so a stream that stops without it is known to be broken.
+
+Acceptance length of a stream (``source="estimated"``): SGLang sends one chunk per verify step
+and choice (the step's new text), plus per choice a role chunk first and a finish chunk last on
+chat streams (``overhead`` = 2 per choice; text completions carry the finish on the last step's
+chunk: 0). So ``verify_steps = data events before the usage chunk - overhead`` and
+``accept_length = completion_tokens / verify_steps``. Two rare cases cancel in part: a step that
+crosses from reasoning to content sends two chunks, a step of only hidden tokens (``</think>``,
+tool-call markers, the stop token alone) sends none. Events are counted with ``bytes.count`` on
+whole reads; SSE lines start after a raw newline, which JSON strings never contain.
 
 Events split across reads are held until their ``\\n\\n`` arrives (an incomplete SSE event is
 useless to a client anyway); whole events are never held.
@@ -24,15 +34,35 @@ import orjson
 from app.errors import UpstreamStatusError
 
 _DONE = b"data: [DONE]"
+_EVENT = b"\ndata:"
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+_USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _MAX_CARRY = 1 << 20
+# The gateway's own field on the client's final usage chunk (``expose_accept_length``).
+ACCEPT_LENGTH_FIELD = "spec_accept_length"
 
 
 @dataclass(slots=True)
 class Usage:
+    """Token counts of one request as the worker reported them, and its verify steps: exact
+    (``meta_info.spec_verify_ct``), estimated from the stream's chunks, or unknown (None)."""
+
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+    verify_steps: int | None = None
+    exact: bool = False
+
+    @property
+    def accept_length(self) -> float | None:
+        """Completion tokens per verify step (SGLang's ``spec_accept_length``)."""
+        if not self.verify_steps or self.completion_tokens is None:
+            return None
+        return self.completion_tokens / self.verify_steps
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def parse_usage(obj: object) -> Usage | None:
@@ -45,26 +75,60 @@ def parse_usage(obj: object) -> Usage | None:
     reasoning = usage.get("reasoning_tokens")
     if reasoning is None and isinstance(details, dict):
         reasoning = details.get("reasoning_tokens")
-
-    def _int(v: object) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
-
     return Usage(
         _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), _int(reasoning)
     )
 
 
-class SSEObserver:
-    __slots__ = ("_carry", "_drop_usage", "chunks", "done", "first_data", "inband_error", "usage")
+def take_meta_info(obj: object, *, strip: bool) -> int | None:
+    """The request's verify steps from each choice's ``meta_info.spec_verify_ct`` (SGLang's
+    ``return_meta_info``); ``meta_info`` is removed from the choices when ``strip``. None when no
+    choice reports it (not a speculative-decoding worker, or an older one)."""
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not isinstance(choices, list):
+        return None
+    steps: int | None = None
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        meta = choice.pop("meta_info", None) if strip else choice.get("meta_info")
+        count = _int(meta.get("spec_verify_ct")) if isinstance(meta, dict) else None
+        if count is not None and count > 0:
+            steps = (steps or 0) + count
+    return steps
 
-    def __init__(self, *, drop_usage: bool) -> None:
+
+def _events(chunk: bytes) -> int:
+    return chunk.count(_EVENT) + chunk.startswith(b"data:")
+
+
+class SSEObserver:
+    __slots__ = (
+        "_carry",
+        "_drop_usage",
+        "_expose",
+        "_overhead",
+        "done",
+        "events",
+        "first_data",
+        "inband_error",
+        "usage",
+    )
+
+    def __init__(self, *, drop_usage: bool, overhead: int = 0, expose: bool = False) -> None:
         self._drop_usage = drop_usage
+        self._overhead = overhead  # data events per stream that carry no verify step
+        self._expose = expose  # add the estimated acceptance length to a relayed usage chunk
         self._carry = b""
         self.first_data = False  # a data: event has passed through feed()
         self.done = False
-        self.chunks = 0  # data events relayed (approximately: one per upstream write)
+        self.events = 0  # data: events relayed (or dropped: the forced usage chunk)
         self.usage: Usage | None = None
         self.inband_error = False
+
+    @property
+    def chunks(self) -> int:
+        return self.events
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to relay now for this upstream ``chunk`` (may be empty)."""
@@ -80,7 +144,7 @@ class SSEObserver:
                 return b""
         if not self.first_data:
             return self._first(chunk)
-        self.chunks += 1
+        self.events += chunk.count(_EVENT) + chunk.startswith(b"data:")
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
         if _DONE in chunk:
@@ -104,7 +168,7 @@ class SSEObserver:
         if event.startswith(b'{"error"'):
             raise _leading_error(event)
         self.first_data = True
-        self.chunks += 1
+        self.events += _events(chunk)
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
         if _DONE in chunk:
@@ -112,20 +176,42 @@ class SSEObserver:
         return chunk
 
     def _usage(self, chunk: bytes) -> bytes:
-        """Record the usage event's counts; cut it out of ``chunk`` if the client didn't ask."""
+        """Record the usage event's counts and the stream's verify steps; cut the event out of
+        ``chunk`` if the client didn't ask for it, else add the acceptance length when enabled."""
         at = max(chunk.find(_EMPTY_CHOICES[0]), chunk.find(_EMPTY_CHOICES[1]))
         start = chunk.rfind(b"data:", 0, at)
         end = chunk.find(b"\n\n", at)
         end = len(chunk) if end < 0 else end + 2
         try:
-            self.usage = parse_usage(orjson.loads(chunk[start + 5 : end].strip()))
+            usage = parse_usage(orjson.loads(chunk[start + 5 : end].strip()))
         except orjson.JSONDecodeError:
             return chunk
+        if usage is not None:
+            # Events before this one: every chunk of the stream's steps has been seen.
+            steps = self.events - _events(chunk[start:]) - self._overhead
+            usage.verify_steps = steps if steps > 0 else None
+        self.usage = usage
         if _DONE in chunk[end:]:
             self.done = True
-        if not self._drop_usage:
+        if self._drop_usage:
+            return chunk[:start] + chunk[end:]
+        length = usage.accept_length if usage is not None else None
+        if not self._expose or length is None:
             return chunk
-        return chunk[:start] + chunk[end:]
+        return _with_field(chunk, start, end, length)
+
+
+def _with_field(chunk: bytes, start: int, end: int, length: float) -> bytes:
+    """``chunk`` with ``"spec_accept_length": x`` first in the usage object of its usage event."""
+    for marker in _USAGE_OBJECT:
+        at = chunk.find(marker, start, end)
+        if at >= 0:
+            cut = at + len(marker)
+            field = b'"' + ACCEPT_LENGTH_FIELD.encode() + b'":' + orjson.dumps(round(length, 4))
+            rest = chunk[cut:end].lstrip()
+            sep = b"" if rest.startswith(b"}") else b","
+            return chunk[:cut] + field + sep + chunk[cut:]
+    return chunk
 
 
 def _leading_error(event: bytes) -> UpstreamStatusError:
