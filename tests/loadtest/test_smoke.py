@@ -33,12 +33,19 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 def test_seed_bench_prints_the_table_and_writes_json_and_png(
     gateway: ManagedProcess, tmp_path: Path
 ) -> None:
+    # A tiny GSM8K-shaped file: the test must not depend on ../shared/datasets being there.
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(
+        "".join(json.dumps({"question": f"What is {i} + {i}?"}) + "\n" for i in range(5))
+    )
     result = _bench(
         "seed",
         "--base-url",
         gateway.url,
         "--datasets",
         "gsm8k,mbpp",
+        "--datasets-dir",
+        str(tmp_path),
         "--num-prompts",
         "12",
         "--concurrency",
