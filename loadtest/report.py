@@ -132,7 +132,7 @@ def write_png(path: Path, reports: Sequence[DatasetReport]) -> str | None:
     ax_tps.set_title(f"Output tok/s at C={ran[0].concurrency}")
     for ax in (ax_tau, ax_tps):
         ax.set_xticks(list(xs), names)
-        ax.legend()
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
