@@ -1,25 +1,33 @@
-"""Command line: ``dflash-gateway serve|emulate|bench`` (also ``python -m app``)."""
+"""Command line: ``dflash-gateway serve|emulate|bench`` (also ``python -m app``).
+
+``PROMETHEUS_MULTIPROC_DIR`` is decided here, before anything imports prometheus_client (which
+reads it once, when imported): ``serve`` with ``processes > 1`` gets a fresh private directory
+(removed when it ends); every other command, and ``serve`` with one process, runs without it (so
+the embedded emulated workers, started as ``python -m app emulate``, never write into the
+gateway's directory). This module therefore imports the emulator and the benchmarks lazily.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from app import __version__
-from app.config import POLICY_NAMES, ConfigError, load_settings
-from app.emulator import cli as emulator_cli
-from loadtest.cli import add_parser as add_bench
-from loadtest.cli import run as run_bench
+from app.config import POLICY_NAMES, ConfigError, Settings, load_settings
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SERVE_DESCRIPTION = (
+    "Run the OpenAI-compatible gateway. With no worker URL and no discovery configured it starts "
+    "the embedded default: two emulated SGLang DFLASH workers."
+)
 
 
-def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser(
-        "serve",
-        help="run the gateway",
-        description="Run the OpenAI-compatible gateway. With no worker URL and no discovery "
-        "configured it starts the embedded default: two emulated SGLang DFLASH workers.",
-    )
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="bind port (default 8000)")
     p.add_argument(
@@ -30,7 +38,11 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="an SGLang worker base URL, e.g. http://10.0.0.5:30000 (repeatable)",
     )
     p.add_argument("--policy", choices=POLICY_NAMES, help="routing policy (default least_inflight)")
-    p.add_argument("--processes", type=int, help="gateway OS processes (default 1)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        help="gateway OS processes sharing the port, metrics merged (default 1)",
+    )
     p.add_argument(
         "--api-key",
         dest="api_keys",
@@ -41,29 +53,31 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--config", dest="config_file", metavar="FILE", help="YAML or TOML settings")
 
 
-def _add_placeholder(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str
-) -> None:
-    p = subparsers.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-gateway serve", description=SERVE_DESCRIPTION)
+    _serve_arguments(p)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.emulator import cli as emulator_cli
+    from loadtest.cli import add_parser as add_bench
+
     parser = argparse.ArgumentParser(
         prog="dflash-gateway",
         description="OpenAI-compatible gateway for SGLang workers serving Kimi-K2.5 with DFlash.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_serve(subparsers)
+    _serve_arguments(
+        subparsers.add_parser("serve", help="run the gateway", description=SERVE_DESCRIPTION)
+    )
     emulator_cli.add_parser(subparsers)
     add_bench(subparsers)
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from app.server import serve
-
     settings = load_settings(
         host=args.host,
         port=args.port,
@@ -73,17 +87,39 @@ def _serve(args: argparse.Namespace) -> int:
         api_keys=args.api_keys,
         config_file=args.config_file,
     )
-    return serve(settings)
+    if settings.processes == 1:
+        os.environ.pop(MULTIPROC_ENV, None)
+        return _run_serve(settings, None)
+    if "prometheus_client" in sys.modules:
+        raise ConfigError("--processes > 1 must be decided before prometheus_client is imported")
+    metrics_dir = Path(tempfile.mkdtemp(prefix="dflash-gateway-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(metrics_dir)
+    try:
+        return _run_serve(settings, metrics_dir)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _run_serve(settings: Settings, metrics_dir: Path | None) -> int:
+    from app.server import serve
+
+    return serve(settings, metrics_dir=metrics_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
+        if argv[:1] == ["serve"]:
+            return _serve(serve_parser().parse_args(argv[1:]))
+        os.environ.pop(MULTIPROC_ENV, None)
+        args = build_parser().parse_args(argv)
         if args.command == "emulate":
+            from app.emulator import cli as emulator_cli
+
             return emulator_cli.run(args)
         if args.command == "bench":
+            from loadtest.cli import run as run_bench
+
             return run_bench(args)
     except ConfigError as exc:
         print(f"dflash-gateway: {exc}", file=sys.stderr)

@@ -14,6 +14,7 @@ import shlex
 import signal
 import socket
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -26,6 +27,7 @@ from app.config import Settings
 from app.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.httpguard import GuardLimits, guarded_protocol
 from app.main import create_app
+from app.processes import ProcessGroup, listen_shared
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +73,10 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
+    """Run until Ctrl-C or SIGTERM. ``metrics_dir``: prometheus_client's multiprocess directory
+    when ``settings.processes > 1`` (``__main__`` creates and removes it)."""
     log_config = configure_logging(settings.log_level, json=settings.log_json)
-    if settings.processes > 1:
-        log.warning("--processes > 1 is not supported yet; running one process")
     # SIGTERM behaves like Ctrl-C (uvicorn shuts down gracefully, then re-raises it here).
     signal.signal(signal.SIGTERM, _interrupt)
     embedded = EmbeddedWorkers(settings.embedded) if settings.embedded_default else None
@@ -85,32 +87,54 @@ def serve(settings: Settings) -> int:
                 stack.enter_context(embedded)
                 workers = embedded.start()
                 settings = settings.model_copy(update={"worker_urls": workers})
+            if settings.processes > 1:
+                socks = listen_shared(settings.host, settings.port, settings.processes)
+                banner = _banner(settings, socks[0].getsockname()[1], workers)
+
+                def process(index: int) -> None:
+                    server = _server(settings, log_config)
+                    _run(server, socks[index], banner if index == 0 else None)
+
+                group = ProcessGroup(
+                    settings.processes,
+                    process,
+                    # The drain (accept window + in-flight streams), then a little slack.
+                    stop_timeout_s=settings.drain_accept_s + settings.drain_s + 5,
+                    metrics_dir=metrics_dir,
+                )
+                log.info("%d gateway processes on one port", settings.processes)
+                group.run()
+                return 0
             sock = listen(settings.host, settings.port)
-            app = create_app(settings)
-            config = uvicorn.Config(
-                app,
-                http=guarded_protocol(
-                    GuardLimits(
-                        header_s=settings.timeouts.client_header_s,
-                        body_s=settings.timeouts.client_body_s,
-                        max_header_bytes=settings.limits.max_header_bytes,
-                    )
-                ),
-                lifespan="on",
-                access_log=False,
-                log_config=log_config,
-                log_level=settings.log_level,
-                timeout_graceful_shutdown=max(1, round(settings.drain_s)),
-            )
             banner = _banner(settings, sock.getsockname()[1], workers)
-            server = DrainingServer(config, app.state.gateway, settings.drain_accept_s)
-            _run(server, sock, banner)
+            _run(_server(settings, log_config), sock, banner)
     except KeyboardInterrupt:
         return 0
     except EmbeddedStartError as exc:
         print(f"dflash-gateway: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _server(settings: Settings, log_config: dict[str, Any]) -> uvicorn.Server:
+    """One process's gateway app under uvicorn."""
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        http=guarded_protocol(
+            GuardLimits(
+                header_s=settings.timeouts.client_header_s,
+                body_s=settings.timeouts.client_body_s,
+                max_header_bytes=settings.limits.max_header_bytes,
+            )
+        ),
+        lifespan="on",
+        access_log=False,
+        log_config=log_config,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, round(settings.drain_s)),
+    )
+    return DrainingServer(config, app.state.gateway, settings.drain_accept_s)
 
 
 class DrainingServer(uvicorn.Server):
@@ -146,13 +170,13 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets=sockets)
 
 
-def _run(server: uvicorn.Server, sock: socket.socket, banner: str) -> None:
+def _run(server: uvicorn.Server, sock: socket.socket, banner: str | None) -> None:
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
         # uvicorn offers no "started" event to wait on; poll its flag.
         while not server.started and not task.done():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
-        if server.started:
+        if server.started and banner:
             print(banner, flush=True)
         await task
 

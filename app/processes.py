@@ -1,0 +1,202 @@
+"""``serve --processes N``: N gateway processes on one port, forked and supervised by the parent.
+
+Each process runs its own event loop, worker pool, health checks and admission share, and
+accepts on its own ``SO_REUSEPORT`` socket bound to the same address (the kernel spreads new
+connections evenly; every socket is bound by the parent before forking, so the port is held
+from start to end and a restarted process takes over its predecessor's socket and backlog).
+The embedded default's emulated workers are started once, by the parent, before the fork.
+
+Metrics: ``__main__`` sets ``PROMETHEUS_MULTIPROC_DIR`` (a fresh private directory) before
+prometheus_client is imported; every process writes its own files there and ``/metrics`` in any
+of them merges all (``app.metrics``). The parent marks a dead process's live gauges dead.
+
+Signals: the processes live in their own process groups, so a terminal's Ctrl-C or a
+``kill`` of the parent's group reaches the parent only, which passes one SIGTERM to each (the
+graceful drain of ``app.server.DrainingServer``); a second signal forces them to stop at once.
+If the parent dies, the kernel sends them SIGTERM (``PR_SET_PDEATHSIG``). A process that exits
+on its own is started again, after a back-off that grows while it keeps dying young.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import multiprocess
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.2
+_YOUNG_S = 10.0  # a process that dies younger than this backs off before its restart
+_MAX_BACKOFF_S = 30.0
+
+
+def listen_shared(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` listening sockets on one address (``SO_REUSEPORT``); port 0 picks one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            # Accepted connections inherit it: every SSE event leaves at once.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((host, port))
+            port = sock.getsockname()[1]
+            sock.listen(2048)
+            sock.setblocking(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+@dataclass(slots=True)
+class _Process:
+    index: int
+    pid: int
+    started: float
+    failures: int = 0  # consecutive young deaths
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a forked process: SIGTERM when the parent dies; own process group."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    if sys.platform == "linux":
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(0)
+
+
+class ProcessGroup:
+    """Forks ``count`` processes running ``target(index)`` and keeps them running until stopped."""
+
+    def __init__(
+        self,
+        count: int,
+        target: Callable[[int], None],
+        *,
+        stop_timeout_s: float,
+        metrics_dir: Path | None = None,
+    ) -> None:
+        self._count = count
+        self._target = target
+        self._stop_timeout_s = stop_timeout_s
+        self._metrics_dir = metrics_dir
+        self._processes: dict[int, _Process] = {}
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._processes)
+
+    def _fork(self, index: int, failures: int = 0) -> None:
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the gateway process: never returns into the parent's code
+            code = 0
+            try:
+                _die_with_parent(parent)
+                self._target(index)
+            except KeyboardInterrupt:
+                pass
+            except BaseException:
+                log.exception("gateway process %d failed", index)
+                code = 1
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        self._processes[pid] = _Process(index, pid, time.monotonic(), failures)
+
+    def run(self) -> None:
+        """Start the processes and supervise them until a signal ends this one (Ctrl-C/SIGTERM
+        arrive here as ``KeyboardInterrupt``); then stop them gracefully and return."""
+        for index in range(self._count):
+            self._fork(index)
+        with contextlib.suppress(KeyboardInterrupt):
+            self._supervise()
+        self.stop()
+
+    def _supervise(self) -> None:
+        restarts: list[tuple[float, int, int]] = []  # (when, index, failures)
+        while True:
+            for pid, proc in list(self._processes.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if not done:
+                    continue
+                del self._processes[pid]
+                self._mark_dead(pid)
+                young = time.monotonic() - proc.started < _YOUNG_S
+                failures = proc.failures + 1 if young else 0
+                delay = min(_MAX_BACKOFF_S, 2.0**failures - 1) if young else 0.0
+                log.error(
+                    "gateway process %d (pid %d) exited with %s; restarting it in %.0f s",
+                    proc.index,
+                    pid,
+                    _describe(status),
+                    delay,
+                )
+                restarts.append((time.monotonic() + delay, proc.index, failures))
+            now = time.monotonic()
+            for entry in [r for r in restarts if r[0] <= now]:
+                restarts.remove(entry)
+                self._fork(entry[1], entry[2])
+            time.sleep(_POLL_S)
+
+    def stop(self) -> None:
+        """SIGTERM each process once (graceful drain), wait up to ``stop_timeout_s``; a second
+        Ctrl-C/SIGTERM meanwhile forces them to stop (SIGINT), and past the time, SIGKILL."""
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self._stop_timeout_s
+        forced = False
+        while self._processes:
+            try:
+                self._reap()
+                if self._processes and time.monotonic() > deadline:
+                    log.warning("gateway processes still running; killing them")
+                    self._signal_all(signal.SIGKILL)
+                    deadline = float("inf")
+                time.sleep(_POLL_S / 4)
+            except KeyboardInterrupt:
+                if not forced:
+                    forced = True
+                    self._signal_all(signal.SIGINT)
+
+    def _reap(self) -> None:
+        for pid in list(self._processes):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                del self._processes[pid]
+                self._mark_dead(pid)
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in self._processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _mark_dead(self, pid: int) -> None:
+        if self._metrics_dir is not None:
+            multiprocess.mark_process_dead(pid, str(self._metrics_dir))  # type: ignore[no-untyped-call]
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"code {os.waitstatus_to_exitcode(status)}"

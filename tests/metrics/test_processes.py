@@ -1,0 +1,130 @@
+"""``serve --processes 2`` with the embedded default: two gateway processes on one port, two
+emulated workers started once, and ``/metrics`` (whichever process answers) with the totals of
+both processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client.mmap_dict import MmapedDict
+
+from tests.support.procs import PYTHON, ProcessManager
+
+REQUESTS = 48
+ENV = {
+    "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
+    "DFLASH_GATEWAY_EMBEDDED__SPEED": "50",
+    "DFLASH_GATEWAY_HEALTH__INTERVAL_S": "0.3",
+    "DFLASH_GATEWAY_DRAIN_ACCEPT_S": "0",
+    "DFLASH_GATEWAY_DRAIN_S": "2",
+    "DFLASH_GATEWAY_LOG_LEVEL": "warning",
+}
+
+
+def children(pid: int) -> dict[int, str]:
+    """Child pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def counter_file(pid: int) -> Path:
+    """The process's own prometheus_client counter file (multiprocess mode)."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = Path(os.readlink(fd)) if fd.is_symlink() else None
+        if target is not None and target.name == f"counter_{pid}.db":
+            return target
+    raise AssertionError(f"process {pid} has no counter file open")
+
+
+def requests_counted(path: Path) -> float:
+    return sum(
+        value
+        for key, value, _, _ in MmapedDict.read_all_values_from_file(str(path))
+        if orjson.loads(key)[1] == "dflash_gateway_requests_total"
+    )
+
+
+async def traffic(url: str) -> int:
+    """REQUESTS requests on fresh connections (half streamed); completion tokens seen."""
+
+    async def one(i: int) -> int:
+        body: dict[str, Any] = {
+            "model": "kimi-k2.5",
+            "max_tokens": 30 + i,
+            "messages": [{"role": "user", "content": f"hello {i}"}],
+        }
+        if i % 2:
+            body.update(stream=True, stream_options={"include_usage": True})
+        async with httpx.AsyncClient(timeout=60) as client:  # a new connection each
+            response = await client.post(url + "/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        if not i % 2:
+            return int(response.json()["usage"]["completion_tokens"])
+        usage = [e for e in response.content.split(b"\n\n") if b'"usage":{' in e][-1]
+        return int(orjson.loads(usage[6:])["usage"]["completion_tokens"])
+
+    gate = asyncio.Semaphore(8)
+
+    async def limited(i: int) -> int:
+        async with gate:
+            return await one(i)
+
+    return sum(await asyncio.gather(*(limited(i) for i in range(REQUESTS))))
+
+
+def samples(text: str, name: str) -> list[float]:
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    ]
+
+
+def test_two_processes_export_the_totals_of_both(procs: ProcessManager) -> None:
+    gw = procs.start(
+        [PYTHON, "-m", "app", "serve", "--port", "{port}", "--processes", "2"],
+        name="gateway",
+        ready_path="/readyz",
+        ready_status=200,
+        env=ENV,
+        timeout=60,
+    )
+    kids = children(gw.pid)
+    serving = [pid for pid, cmd in kids.items() if " serve " in cmd]
+    emulators = [pid for pid, cmd in kids.items() if " emulate " in cmd]
+    assert len(serving) == 2 and len(emulators) == 2, kids  # the workers are started once
+    files = {pid: counter_file(pid) for pid in serving}
+    metrics_dir = next(iter(files.values())).parent
+    assert {f.parent for f in files.values()} == {metrics_dir}
+
+    seen = asyncio.run(traffic(gw.url))
+
+    per_process = {pid: requests_counted(path) for pid, path in files.items()}
+    assert all(count > 0 for count in per_process.values()), per_process  # both served
+    for _ in range(4):  # any process answers /metrics with the same merged totals
+        text = httpx.get(gw.url + "/metrics", timeout=10).text
+        requests = samples(text, "dflash_gateway_requests_total")
+        assert sum(requests) == REQUESTS == sum(per_process.values())
+        assert sum(samples(text, "dflash_gateway_completion_tokens_total")) == seen
+        assert sum(samples(text, "dflash_gateway_spec_accept_length_count")) == REQUESTS
+        assert sum(samples(text, "dflash_gateway_in_flight_requests")) == 0
+        assert samples(text, "dflash_gateway_worker_up") == [1.0, 1.0]
+        assert len(samples(text, "dflash_gateway_queue_depth")) == 1
+    assert gw.stop() == 0
+    assert not metrics_dir.exists()
+    assert all(not Path(f"/proc/{pid}").exists() for pid in [*serving, *emulators])
