@@ -24,7 +24,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 "DFLASH_GATEWAY_LOG_LEVEL": "warning",
             },
         )
-        targets = {
+        targets: dict[str, Sequence[str]] = {
             "dflash-gateway": [f"127.0.0.1:{gw.port}"],
             "sglang-workers": [f"127.0.0.1:{e.port}" for e in emus],
         }
