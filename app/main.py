@@ -87,6 +87,9 @@ def create_app(
             asyncio.create_task(health.run(), name="health"),
             asyncio.create_task(health.poll_loads(), name="loads"),
         ]
+        if metrics.multiprocess:  # --processes N: this process's gauges, for the others' scrapes
+            fresh = metrics.keep_fresh(lambda: pool.workers, lambda: proxy.admission.depth)
+            tasks.append(asyncio.create_task(fresh, name="metrics"))
         if settings.auth.keys_file is not None:
             watch = keys.watch(settings.auth.reload_s, publish_keys)
             tasks.append(asyncio.create_task(watch, name="keys"))

@@ -23,6 +23,7 @@ figures take the largest (``livemax``: up, breaker state) or the latest value (`
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import time
@@ -503,6 +504,19 @@ class Metrics:
         now = self._clock()
         for model, window in self._windows.items():
             self.throughput.labels(model).set(window.rate(now))
+
+    async def keep_fresh(
+        self,
+        workers: Callable[[], Iterable[WorkerView]],
+        queue_depth: Callable[[], int],
+        interval_s: float = 1.0,
+    ) -> None:
+        """``observe_pool`` every ``interval_s`` until cancelled. In multiprocess mode a scrape is
+        answered by one process, which reads the others' gauges from their files: they must
+        keep them current themselves."""
+        while True:
+            self.observe_pool(workers(), queue_depth())
+            await asyncio.sleep(interval_s)
 
     def render(self) -> bytes:
         if not self.multiprocess:

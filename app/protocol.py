@@ -74,9 +74,7 @@ def parse_request(
             raise _fail(f"messages: at most {limits.max_messages} messages", "messages")
         _check_messages(messages)
     else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, (str, list)) or not prompt:
-            raise _fail("prompt: a non-empty string or array is required", "prompt")
+        _check_prompt(body.get("prompt"))
 
     stream = body.get("stream", False)
     if stream is None:
@@ -86,6 +84,8 @@ def parse_request(
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise _fail("stream_options: must be an object", "stream_options")
+    if stream_options and not isinstance(stream_options.get("include_usage", False), bool | None):
+        raise _fail("stream_options.include_usage: must be a boolean", "stream_options")
     client_wants_usage = bool(stream_options and stream_options.get("include_usage") is True)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
@@ -139,6 +139,21 @@ def _check_messages(messages: list[Any]) -> None:
                 f"messages[{i}].content: must be a string, an array or null",
                 f"messages.{i}.content",
             )
+
+
+def _check_prompt(prompt: Any) -> None:
+    """A non-empty string, or a non-empty array of strings, of token ids or of token-id arrays
+    (OpenAI's forms; SGLang refuses anything else)."""
+    if isinstance(prompt, str) and prompt:
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt) or all(_is_int(p) for p in prompt):
+            return
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return
+    raise _fail(
+        "prompt: a non-empty string, or an array of strings or of token ids, is required", "prompt"
+    )
 
 
 def _patch_max_tokens(

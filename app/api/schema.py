@@ -28,9 +28,8 @@ class StreamOptions(_Open):
 
 
 class ChatMessage(_Open):
-    role: Role
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
+    role: Role = "user"
+    content: str | list[Any] | None = None
 
 
 class _Generation(_Open):
@@ -49,7 +48,9 @@ class ChatCompletionRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    prompt: str | list[Any] = Field(min_length=1)
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        min_length=1, description="text, texts, token ids or arrays of token ids"
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -92,7 +93,7 @@ def completion_responses() -> dict[int | str, dict[str, Any]]:
         "description": "the worker's answer: JSON, or server-sent events when stream is true",
         "content": {
             "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": {}},
         },
     }
     return {200: ok, **error_responses()}
@@ -115,8 +116,15 @@ def openapi_document(app: FastAPI, settings: Settings) -> dict[str, Any]:
         schemas[model.__name__] = body
     messages = schemas["ChatCompletionRequest"]["properties"]["messages"]
     messages["maxItems"] = settings.limits.max_messages
-    if not app.state.gateway.keys.open:
+    gateway = app.state.gateway
+    served = gateway.pool.served_models()
+    models = [*served, *(a for a, t in settings.model_aliases.items() if t in served)]
+    if models:  # the names a request may use now (others are 404)
+        for name in ("ChatCompletionRequest", "CompletionRequest"):
+            schemas[name]["properties"]["model"]["enum"] = models
+    if not gateway.keys.open:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         doc["security"] = [{"bearer": []}]
-    app.openapi_schema = doc
+    if models:  # else built again once workers have reported their models
+        app.openapi_schema = doc
     return doc

@@ -168,12 +168,15 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
     prompt = body.get("prompt")
-    if isinstance(prompt, list):
+    if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt):
+        # A batch of prompts (strings or token-id arrays); a flat int array is ONE prompt.
         if len(prompt) != 1:
             raise RequestError("Only a single prompt is supported by this worker.")
         prompt = prompt[0]
     if not prompt:
         raise RequestError("Prompt cannot be empty")
+    if not isinstance(prompt, (str, list)):
+        raise RequestError("The prompt must be a string, an array of strings or of token ids.")
     text = prompt if isinstance(prompt, str) else " ".join(str(t) for t in prompt)
     return GenRequest(kind="completion", prompt=text, last_user=text, **_common(body))
 

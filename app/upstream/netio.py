@@ -5,7 +5,9 @@ read, and builds a dict of socket attributes each time the pool asks whether an 
 is still usable (once per idle connection per request). This backend keeps a plain
 ``asyncio.Protocol`` per connection: ``read`` returns buffered bytes or awaits one future,
 ``write`` queues bytes that leave at the end of the event-loop step (a request's head and body
-go out in one ``send``), and ``is_readable`` is an attribute lookup. Timeouts passed by
+go out in one ``send``), and ``is_readable`` is an attribute lookup. Reading pauses while more than
+``_HIGH_WATER`` bytes wait unread, so a client that reads slowly slows the worker down (TCP
+backpressure) instead of the gateway buffering the whole response. Timeouts passed by
 httpcore are honoured with ``asyncio.timeout`` only when set; the proxy sets none on the stream
 (its supervisor owns deadlines).
 """
@@ -21,14 +23,26 @@ from typing import Any, cast
 import httpcore
 
 _READ_TIMEOUT = httpcore.ReadTimeout
+_HIGH_WATER = 256 * 1024  # unread bytes buffered before the socket stops being read
+_LOW_WATER = 64 * 1024  # ... and resumes
 _NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("buffer", "closed", "eof", "error", "transport", "waiter", "writable")
+    __slots__ = (
+        "buffer",
+        "closed",
+        "eof",
+        "error",
+        "paused",
+        "transport",
+        "waiter",
+        "writable",
+    )
 
     def __init__(self) -> None:
         self.buffer = bytearray()
+        self.paused = False  # reading paused: the buffer is over the high-water mark
         self.eof = False
         self.closed = False
         self.error: BaseException | None = None
@@ -42,7 +56,25 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        if len(self.buffer) > _HIGH_WATER and not self.paused:
+            self._set_reading(False)
         self._wake()
+
+    def consumed(self) -> None:
+        """Bytes were taken from the buffer: resume reading once it is low enough."""
+        if self.paused and len(self.buffer) < _LOW_WATER:
+            self._set_reading(True)
+
+    def _set_reading(self, on: bool) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.paused = not on
+        with contextlib.suppress(RuntimeError):  # the transport closed meanwhile
+            if on:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -94,6 +126,8 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         if p.buffer:
             data = bytes(p.buffer[:max_bytes])
             del p.buffer[:max_bytes]
+            if p.paused:
+                p.consumed()
             return data
         if p.error is not None:
             raise httpcore.ReadError(str(p.error)) from p.error

@@ -16,6 +16,9 @@ from prometheus_client.mmap_dict import MmapedDict
 from tests.support.procs import PYTHON, ProcessManager
 
 REQUESTS = 48
+HELD = 16
+REQUESTS_TOTAL = "dflash_gateway_requests_total"
+IN_FLIGHT = "dflash_gateway_in_flight_requests"
 ENV = {
     "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
     "DFLASH_GATEWAY_EMBEDDED__SPEED": "50",
@@ -51,11 +54,12 @@ def counter_file(pid: int) -> Path:
     raise AssertionError(f"process {pid} has no counter file open")
 
 
-def requests_counted(path: Path) -> float:
+def file_sum(path: Path, sample: str) -> float:
+    """Sum of one sample's values in a prometheus_client multiprocess file."""
     return sum(
         value
-        for key, value, _, _ in MmapedDict.read_all_values_from_file(str(path))
-        if orjson.loads(key)[1] == "dflash_gateway_requests_total"
+        for key, value, _, _ in MmapedDict.read_all_values_from_file(str(path))  # type: ignore[no-untyped-call]
+        if orjson.loads(key)[1] == sample
     )
 
 
@@ -87,6 +91,44 @@ async def traffic(url: str) -> int:
     return sum(await asyncio.gather(*(limited(i) for i in range(REQUESTS))))
 
 
+async def in_flight_while_held(url: str, files: dict[int, Path]) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=10) as control:
+        workers = (await control.get(url + "/workers")).json()["workers"]
+        for worker in workers:
+            await control.post(worker["url"] + "/emulator/gate", json={"hold_after_chunks": 2})
+
+    async def stream(i: int) -> None:
+        body = {
+            "model": "kimi-k2.5",
+            "stream": True,
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": f"held {i}"}],
+        }
+        async with httpx.AsyncClient(timeout=60) as client:  # a new connection each
+            response = await client.post(url + "/v1/chat/completions", json=body)
+            assert response.status_code == 200
+
+    tasks = [asyncio.create_task(stream(i)) for i in range(HELD)]
+    seen: list[float] = []
+    deadline = asyncio.get_running_loop().time() + 30
+    # One keep-alive connection, like Prometheus: always the same process answers, and the
+    # other one's count must reach it through its own file.
+    async with httpx.AsyncClient(timeout=10) as scraper:
+        while len(seen) < 3 and asyncio.get_running_loop().time() < deadline:
+            total = sum(samples((await scraper.get(url + "/metrics")).text, IN_FLIGHT))
+            seen = [*seen, total] if total == HELD else []
+            await asyncio.sleep(0.3)
+    per_process = {
+        pid: file_sum(path.with_name(f"gauge_livesum_{pid}.db"), IN_FLIGHT)
+        for pid, path in files.items()
+    }
+    async with httpx.AsyncClient(timeout=10) as control:
+        for worker in workers:
+            await control.post(worker["url"] + "/emulator/gate", json={"release": True})
+    await asyncio.gather(*tasks)
+    return {"metrics": seen, "files": per_process}
+
+
 def samples(text: str, name: str) -> list[float]:
     return [
         float(line.rsplit(" ", 1)[1])
@@ -114,7 +156,7 @@ def test_two_processes_export_the_totals_of_both(procs: ProcessManager) -> None:
 
     seen = asyncio.run(traffic(gw.url))
 
-    per_process = {pid: requests_counted(path) for pid, path in files.items()}
+    per_process = {pid: file_sum(path, REQUESTS_TOTAL) for pid, path in files.items()}
     assert all(count > 0 for count in per_process.values()), per_process  # both served
     for _ in range(4):  # any process answers /metrics with the same merged totals
         text = httpx.get(gw.url + "/metrics", timeout=10).text
@@ -125,6 +167,12 @@ def test_two_processes_export_the_totals_of_both(procs: ProcessManager) -> None:
         assert sum(samples(text, "dflash_gateway_in_flight_requests")) == 0
         assert samples(text, "dflash_gateway_worker_up") == [1.0, 1.0]
         assert len(samples(text, "dflash_gateway_queue_depth")) == 1
+
+    # Streams held mid-way on the workers: in flight in both processes, and /metrics (one
+    # process answering) adds up both processes' current counts.
+    held = asyncio.run(in_flight_while_held(gw.url, files))
+    assert held["metrics"] == [HELD] * 3, held
+    assert all(count > 0 for count in held["files"].values()), held
     assert gw.stop() == 0
     assert not metrics_dir.exists()
     assert all(not Path(f"/proc/{pid}").exists() for pid in [*serving, *emulators])

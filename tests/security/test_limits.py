@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-import shutil
-import socket
-import time
-
 import pytest
 
+from app.config import LimitsConfig
 from app.errors import RateLimited
-from app.limits import KeyLimits, LocalLimiter, RedisLimiter, TokenBucket
-from tests.support.procs import ProcessManager
+from app.limits import KeyLimits, LocalLimiter, RedisLimiter, TokenBucket, make_limiter
+from tests.support.procs import free_port
 
 
 class FakeClock:
@@ -59,28 +56,6 @@ async def test_local_concurrency_limit_releases_on_exit_even_on_error() -> None:
         pass
 
 
-@pytest.fixture
-def redis_url(procs: ProcessManager) -> str:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed (.ci/run installs it from Debian)")
-    proc = procs.start(
-        [server, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        name="redis",
-        ready_path=None,
-    )
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", proc.port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    return f"redis://127.0.0.1:{proc.port}/0"
-
-
 async def test_redis_limits_are_shared_between_replicas(redis_url: str) -> None:
     limits = KeyLimits(rate_per_s=0.01, burst=2, max_concurrent=1)
     first, second = RedisLimiter(redis_url, limits), RedisLimiter(redis_url, limits)
@@ -101,3 +76,26 @@ async def test_redis_limits_are_shared_between_replicas(redis_url: str) -> None:
     finally:
         await first.close()
         await second.close()
+
+
+async def test_redis_unreachable_lets_requests_through(caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()  # nothing listens there
+    limiter = RedisLimiter(
+        f"redis://127.0.0.1:{port}/0", KeyLimits(rate_per_s=0.01, burst=1, max_concurrent=1)
+    )
+    try:
+        for _ in range(3):  # over both limits, were they enforced
+            async with limiter.hold("team-a"):
+                pass
+    finally:
+        await limiter.close()
+    assert "rate-limit store unavailable" in caplog.text
+
+
+async def test_make_limiter_picks_the_backend() -> None:
+    assert make_limiter(LimitsConfig()) is None
+    assert isinstance(make_limiter(LimitsConfig(key_rate_per_s=1.0)), LocalLimiter)
+    assert isinstance(make_limiter(LimitsConfig(key_max_concurrent=2)), LocalLimiter)
+    shared = make_limiter(LimitsConfig(key_max_concurrent=2, redis_url="redis://127.0.0.1:1/0"))
+    assert isinstance(shared, RedisLimiter)
+    await shared.close()

@@ -1,0 +1,25 @@
+"""The short chaos run (``make chaos`` runs it for 5 minutes): 3 emulated workers with stats files,
+64 concurrent streams, one worker SIGKILLed every 10 s and restarted, for 30 s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadtest.chaos import ChaosConfig, run_chaos
+from tests.support.procs import ProcessManager
+
+
+async def test_every_request_is_accounted_for_while_workers_die(
+    procs: ProcessManager, tmp_path: Path
+) -> None:
+    config = ChaosConfig(duration_s=30.0, warmup_s=2.0)
+    report = await run_chaos(procs, config, tmp_path)
+    summary = report.summary()
+    print(summary)
+    assert report.kills >= 2, summary
+    assert report.requests > 100, summary
+    assert report.unlogged == 0, summary
+    assert report.violations == [], summary
+    # Every request ended one of the two allowed ways.
+    assert report.ok + report.inband_errors == report.requests, summary
+    assert report.ok > report.inband_errors, summary

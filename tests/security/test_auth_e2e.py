@@ -1,0 +1,121 @@
+"""API keys on a real gateway: keys from the CLI, the environment and a reloaded keys file; 401s in
+OpenAI shape; the key's NAME (never the key) in the access log and /metrics. (``--api-key`` given
+on the command line replaces ``DFLASH_GATEWAY_API_KEYS``, as every flag replaces its variable.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.conftest import poll
+from tests.security.stack import CHAT, chat, emulator, error_of, start_gateway
+from tests.support.procs import ProcessManager
+
+CLI_KEY = "sk-cli-5f1c0e2b9a7d4c3e8b6a"
+ENV_KEY = "sk-env-0d9e8c7b6a5f4e3d2c1b"
+FILE_KEY = "sk-file-a1b2c3d4e5f60718293a"
+KEEP_KEY = "sk-keep-77aa88bb99cc00dd11ee"
+
+
+def _post(url: str, key: str | None, **extra: object) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key is not None else {}
+    return httpx.post(url + CHAT, json=chat(**extra), headers=headers, timeout=30)
+
+
+def test_keys_from_every_source_and_revocation(procs: ProcessManager, tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"# mounted Secret\nteam-file:{FILE_KEY}\nteam-keep:{KEEP_KEY}\n")
+    emu = emulator(procs, "emu", "--speed", "50")
+    gw = start_gateway(
+        procs,
+        [emu],
+        args=("--api-key", f"team-cli:{CLI_KEY}"),
+        env={
+            "DFLASH_GATEWAY_AUTH__KEYS_FILE": str(keys_file),
+            "DFLASH_GATEWAY_AUTH__RELOAD_S": "0.2",
+        },
+    )
+
+    for key in (CLI_KEY, FILE_KEY):
+        response = _post(gw.url, key, stream=True)
+        assert response.status_code == 200, response.text
+        assert response.text.endswith("data: [DONE]\n\n")
+    models = httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {CLI_KEY}"})
+    assert models.is_success
+
+    for key in (None, "sk-wrong", CLI_KEY[:-1], CLI_KEY + "x", ENV_KEY):
+        response = _post(gw.url, key)
+        assert response.status_code == 401, key
+        err = error_of(response)
+        assert (err["type"], err["code"]) == ("authentication_error", "invalid_api_key")
+        assert response.headers["x-request-id"]
+    basic = httpx.post(gw.url + CHAT, json=chat(), headers={"authorization": f"Basic {CLI_KEY}"})
+    assert basic.status_code == 401
+    assert httpx.get(gw.url + "/v1/models").status_code == 401
+
+    # Probes and the scrape endpoint need no key (auth.protect_ops is off).
+    for path in ("/livez", "/readyz", "/health", "/metrics", "/workers"):
+        assert httpx.get(gw.url + path).status_code == 200, path
+
+    # Revoking a key in the file: it stops working without a restart; the others keep working.
+    keys_file.write_text(f"team-keep:{KEEP_KEY}\n")
+    os.utime(keys_file, ns=(1, 1))
+    poll(lambda: _post(gw.url, FILE_KEY).status_code == 401, timeout=10)
+    assert _post(gw.url, KEEP_KEY).status_code == 200
+    assert _post(gw.url, CLI_KEY).status_code == 200
+
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'dflash_gateway_key_requests_total{key="team-cli"} 2.0' in metrics
+    assert 'dflash_gateway_key_requests_total{key="team-keep"} 1.0' in metrics
+    tokens = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('dflash_gateway_key_completion_tokens_total{key="team-file"}')
+    ]
+    assert tokens and tokens[0] > 0
+
+    logs = gw.logs()
+    assert "key=team-cli" in logs
+    assert "key=team-file" in logs
+    for secret in (CLI_KEY, ENV_KEY, FILE_KEY, KEEP_KEY, "sk-wrong"):
+        assert secret not in logs
+        assert secret not in metrics
+    workers = httpx.get(gw.url + "/workers").text
+    assert all(secret not in workers for secret in (CLI_KEY, ENV_KEY, FILE_KEY, KEEP_KEY))
+
+
+def test_protect_ops_requires_a_key_on_metrics_and_workers(procs: ProcessManager) -> None:
+    emu = emulator(procs, "emu", "--speed", "50")
+    gw = start_gateway(
+        procs,
+        [emu],
+        env={
+            "DFLASH_GATEWAY_API_KEYS": f"ops:{ENV_KEY}, team-b:{KEEP_KEY}",
+            "DFLASH_GATEWAY_AUTH__PROTECT_OPS": "true",
+        },
+    )
+    assert _post(gw.url, KEEP_KEY).status_code == 200
+    assert _post(gw.url, CLI_KEY).status_code == 401
+    auth = {"authorization": f"Bearer {ENV_KEY}"}
+    for path in ("/metrics", "/workers"):
+        response = httpx.get(gw.url + path)
+        assert response.status_code == 401
+        assert error_of(response)["code"] == "invalid_api_key"
+        assert httpx.get(gw.url + path, headers=auth).status_code == 200
+    for path in ("/livez", "/readyz", "/health"):  # probes carry no credentials
+        assert httpx.get(gw.url + path).status_code == 200
+    metrics = httpx.get(gw.url + "/metrics", headers=auth).text
+    assert 'dflash_gateway_key_requests_total{key="team-b"} 1.0' in metrics
+    assert 'dflash_gateway_key_requests_total{key="ops"} 0.0' in metrics  # pre-initialised
+    assert ENV_KEY not in metrics and KEEP_KEY not in metrics
+    assert ENV_KEY not in gw.logs() and KEEP_KEY not in gw.logs()
+
+
+def test_no_keys_is_open_with_a_warning(procs: ProcessManager) -> None:
+    emu = emulator(procs, "emu", "--speed", "50")
+    gw = start_gateway(procs, [emu])
+    assert _post(gw.url, None).status_code == 200
+    assert _post(gw.url, "anything").status_code == 200
+    assert "no API keys configured" in gw.logs()
