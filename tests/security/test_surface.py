@@ -1,0 +1,97 @@
+"""What a client can see (in process, fake workers): CORS off unless configured, the OpenAPI
+document of the public endpoints, and error bodies that name no worker and carry no stack trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.support.gateway import MODEL, FakeWorker, GatewayHarness
+
+CHAT = "/v1/chat/completions"
+W1 = "http://10.0.0.1:30000"
+ORIGIN = "https://app.example.com"
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def _preflight() -> dict[str, str]:
+    return {
+        "origin": ORIGIN,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization,content-type",
+    }
+
+
+async def test_cors_is_off_by_default() -> None:
+    async with GatewayHarness([FakeWorker(W1)]) as gw:
+        simple = await gw.post(CHAT, chat(), headers={"origin": ORIGIN})
+        preflight = await gw.request("OPTIONS", CHAT, headers=_preflight())
+    assert simple.status == 200
+    assert not any(k.startswith("access-control-") for k in simple.headers)
+    assert preflight.status == 405
+    assert not any(k.startswith("access-control-") for k in preflight.headers)
+
+
+async def test_cors_allows_configured_origins_only() -> None:
+    async with GatewayHarness([FakeWorker(W1)], cors_origins=[ORIGIN]) as gw:
+        preflight = await gw.request("OPTIONS", CHAT, headers=_preflight())
+        stream = await gw.post(CHAT, chat(stream=True), headers={"origin": ORIGIN})
+        other = await gw.post(CHAT, chat(), headers={"origin": "https://evil.example"})
+    assert preflight.status == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    assert stream.headers["access-control-allow-origin"] == ORIGIN
+    assert "x-request-id" in stream.headers["access-control-expose-headers"].lower()
+    assert stream.body.endswith(b"data: [DONE]\n\n")
+    assert "access-control-allow-origin" not in other.headers
+
+
+async def test_openapi_documents_the_public_bodies() -> None:
+    async with GatewayHarness([FakeWorker(W1)], api_keys=["team:sk-1"]) as gw:
+        doc = (await gw.request("GET", "/openapi.json")).json()
+    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models"}
+    schemas = doc["components"]["schemas"]
+    chat_body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]
+    assert chat_body["schema"] == {"$ref": "#/components/schemas/ChatCompletionRequest"}
+    request = schemas["ChatCompletionRequest"]
+    assert request["additionalProperties"] is True  # every other OpenAI/SGLang field passes
+    assert {"model", "messages"} <= set(request["required"])
+    assert set(request["properties"]["model"]["enum"]) == {MODEL, "kimi-k2.5"}
+    assert schemas["CompletionRequest"]["required"] == ["model", "prompt"]
+    responses = doc["paths"][CHAT]["post"]["responses"]
+    assert {"200", "400", "401", "429", "503"} <= set(responses)
+    assert doc["security"] == [{"bearer": []}]
+
+
+@pytest.mark.parametrize(
+    "worker",
+    [
+        FakeWorker(W1, die_after=2),  # committed, then the connection drops: in-band error
+        FakeWorker(W1, fail_status=500),  # the worker's crash
+        FakeWorker(W1, hang=True),  # no first byte in time
+    ],
+    ids=["dies-mid-stream", "worker-500", "first-byte-timeout"],
+)
+async def test_errors_name_no_worker(worker: FakeWorker) -> None:
+    settings: dict[str, Any] = {"timeouts": {"first_byte_s": 0.3}}
+    async with GatewayHarness([worker], **settings) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+    assert b'"error"' in ex.body
+    assert b"10.0.0.1" not in ex.body
+    assert b"30000" not in ex.body
+    assert b"Traceback" not in ex.body
+
+
+async def test_unreachable_worker_is_not_named() -> None:
+    gone = FakeWorker("http://10.0.0.9:30000")
+    async with GatewayHarness([gone]) as gw:
+        gw.workers.pop(gone.url)  # still listed as healthy, but now refuses connections
+        ex = await gw.post(CHAT, chat())
+    assert ex.status == 502
+    error = ex.json()["error"]
+    assert error["code"] == "upstream_unavailable"
+    assert "10.0.0.9" not in error["message"]
