@@ -28,8 +28,8 @@ test: $(STAMP) ## the whole test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests loadtest
-	$(BIN)/ruff format --check app tests loadtest
+	$(BIN)/ruff check app tests loadtest deploy/tools
+	$(BIN)/ruff format --check app tests loadtest deploy/tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

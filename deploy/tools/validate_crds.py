@@ -19,12 +19,22 @@ import jsonschema
 import yaml
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "k8s" / "crd-schemas"
-BUILTIN_GROUPS = {"", "apps", "batch", "policy", "autoscaling", "networking.k8s.io",
-                  "rbac.authorization.k8s.io", "discovery.k8s.io"}
+BUILTIN_GROUPS = {
+    "",
+    "apps",
+    "batch",
+    "policy",
+    "autoscaling",
+    "networking.k8s.io",
+    "rbac.authorization.k8s.io",
+    "discovery.k8s.io",
+}
 
 
 def main(paths: list[str]) -> int:
-    schemas = {p.name.split(".")[0]: json.loads(p.read_text()) for p in SCHEMAS.glob("*.schema.json")}
+    schemas = {
+        p.name.split(".")[0]: json.loads(p.read_text()) for p in SCHEMAS.glob("*.schema.json")
+    }
     failed = 0
     for path in paths:
         for doc in yaml.safe_load_all(Path(path).read_text()):
