@@ -11,8 +11,10 @@ sockets and memory forever. ``guarded_protocol`` returns a subclass with three l
 - request line + headers at most ``max_header_bytes``.
 
 Over a limit the client gets a 408 or 431 (OpenAI-shaped JSON, ``Connection: close``) if nothing was
-answered yet, and the connection is closed; a response already under way is left to finish. The
-cost is one timer per request phase (``loop.call_later``), nothing per body chunk.
+answered yet, and the connection is closed; a response already under way is left to finish. A
+connection on which no request began is closed without an answer (a client that opened it early
+must not read a 408 as the answer to the request it sends later). The cost is one timer per
+request phase (``loop.call_later``), nothing per body chunk.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._guard: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        self._begun = False  # a request's first byte arrived and its headers are not complete
 
     # Timer plumbing
     def _arm(self, delay: float, callback: Any) -> None:
@@ -81,6 +84,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_bytes = 0
+        self._begun = True
         if self._guard is None:  # a kept-alive connection's next request
             self._arm(self.limits.header_s, self._headers_too_slow)
 
@@ -94,6 +98,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._begun = False
         super().on_headers_complete()
         self._arm(self.limits.body_s, self._body_too_slow)
 
@@ -109,6 +114,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # Limits
     def _headers_too_slow(self) -> None:
         self._guard = None
+        if not self._begun:  # idle: nothing to answer
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+            return
         self._refuse(RequestTimeout("the request headers were not received in time"))
 
     def _body_too_slow(self) -> None:

@@ -133,6 +133,7 @@ def _server(settings: Settings, log_config: dict[str, Any]) -> uvicorn.Server:
         log_config=log_config,
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, round(settings.drain_s)),
+        timeout_keep_alive=max(1, round(settings.timeouts.client_keepalive_s)),
     )
     return DrainingServer(config, app.state.gateway, settings.drain_accept_s)
 

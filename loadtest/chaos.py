@@ -85,6 +85,7 @@ class ChaosReport:
     retried_ok: int = 0
     kills: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+    failed_ids: list[str] = field(default_factory=list)
     precommit_failures: list[str] = field(default_factory=list)
     generated_twice: list[str] = field(default_factory=list)
     ok_without_record: list[str] = field(default_factory=list)
@@ -277,7 +278,10 @@ async def load(
     procs: ProcessManager | None = None,
     emus: list[ManagedProcess] | None = None,
 ) -> tuple[list[Outcome], int]:
-    limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=None)
+    # Idle connections are dropped well before the gateway drops them (as a client pool should).
+    limits = httpx.Limits(
+        max_connections=config.concurrency + 8, max_keepalive_connections=None, keepalive_expiry=2.0
+    )
     timeout = httpx.Timeout(config.request_timeout_s, connect=5.0)
     rng = random.Random(config.seed)
     results: list[Outcome] = []
@@ -339,6 +343,7 @@ def check(
         kinds["failed"],
     )
     report.failures = dict(Counter(r.detail for r in results if r.kind == "failed"))
+    report.failed_ids = [r.request_id for r in results if r.kind == "failed"][:20]
     for r in results:
         tries = attempts.get(r.request_id)
         if tries is None:
