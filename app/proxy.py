@@ -18,7 +18,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.responses import Response
 
 from app.accesslog import AccessLog, AccessRecord
@@ -37,7 +36,7 @@ from app.protocol import ParsedRequest
 from app.relay import Tally, relay_stream, relay_whole
 from app.routing.policies import Policy, RoutingContext
 from app.streaming import DISCONNECT, TIMEOUT, Downstream, Receive, Send, Supervisor
-from app.upstream.client import UpstreamClient
+from app.upstream.client import UpstreamClient, UpstreamResponse
 from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
@@ -273,7 +272,7 @@ class Proxy:
         # Abort on the worker unless the request finished there or provably never ran there.
         abort = True
         outcome = "cancelled"
-        response: httpx.Response | None = None
+        response: UpstreamResponse | None = None
         with worker.track():
             sup.begin_attempt()
             sup.abort_attempt = functools.partial(self._abort, worker, rid)

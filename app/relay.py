@@ -23,7 +23,7 @@ from app.accesslog import AccessRecord
 from app.errors import UpstreamStreamBroken
 from app.protocol import ParsedRequest, Route
 from app.streaming import Downstream, Supervisor
-from app.upstream.client import map_transport_error
+from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.sse import SSEObserver, Usage, parse_usage, take_meta_info
 from app.workers.worker import Worker
 
@@ -46,7 +46,7 @@ async def relay_stream(
     tally: Tally,
     started: float,
     worker: Worker,
-    response: httpx.Response,
+    response: UpstreamResponse,
     down: Downstream,
     sup: Supervisor,
     *,
@@ -101,7 +101,7 @@ async def relay_whole(
     record: AccessRecord,
     tally: Tally,
     worker: Worker,
-    response: httpx.Response,
+    response: UpstreamResponse,
     down: Downstream,
     *,
     expose: bool = False,

@@ -1,13 +1,18 @@
-"""The one pooled keep-alive HTTP client a gateway process uses to talk to workers.
+"""The pooled keep-alive HTTP clients a gateway process uses to talk to workers.
 
-Transport errors are mapped to ``app.errors`` here, at the boundary, so nothing above this module
-knows httpx's exception tree. The transport is injectable (``httpx.MockTransport`` in unit tests).
+The proxied POST (the hot path) goes through ``app.upstream.http1``, a lean HTTP/1.1 client on
+asyncio Protocols and httptools; the small control calls (``/health``, ``/v1/loads``,
+``/abort_request``) go through httpx. When a transport is injected (``httpx.MockTransport`` in
+unit tests) every call goes through httpx and that transport. Either way, ``open`` returns an
+``UpstreamResponse`` and errors are raised in httpx's vocabulary below this module and mapped to
+``app.errors`` here, at the boundary, so nothing above this module knows httpx's exception tree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -20,6 +25,7 @@ from app.errors import (
     UpstreamStreamBroken,
     UpstreamTimeout,
 )
+from app.upstream.http1 import Http1Client
 from app.upstream.transport import WorkerTransport
 from app.workers.worker import Worker
 
@@ -47,6 +53,23 @@ _DROP = frozenset(
     }
 )
 _MAX_ERROR_BODY = 64 * 1024
+_MAX_TARGETS = 4096  # cached request heads; workers come and go under discovery
+
+
+class UpstreamResponse(Protocol):
+    """What ``UpstreamClient.open`` returns (an ``httpx.Response`` is one too)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
 
 
 def forwardable_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -72,14 +95,20 @@ class UpstreamClient:
         self._base_raw = [(k.encode(), v.encode()) for k, v in base_headers.items()]
         self._timeouts = self._timeout.as_dict()
         self._urls: dict[str, httpx.URL] = {}
+        # Per worker URL + path: host, port and the request head up to the per-request headers.
+        self._targets: dict[str, tuple[str, int, bytes]] = {}
+        self._wire: Http1Client | None = None
         if transport is None:
-            transport = WorkerTransport(max_keepalive_connections=1024, keepalive_expiry=60.0)
+            self._wire = Http1Client(connect_s=t.connect_s)
+            transport = WorkerTransport(max_keepalive_connections=64, keepalive_expiry=4.0)
         self._transport = transport
         self._client = httpx.AsyncClient(
             transport=transport, timeout=self._timeout, headers=base_headers, trust_env=False
         )
 
     async def aclose(self) -> None:
+        if self._wire is not None:
+            await self._wire.aclose()
         await self._client.aclose()
 
     async def open(
@@ -88,7 +117,7 @@ class UpstreamClient:
         path: str,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
-    ) -> httpx.Response:
+    ) -> UpstreamResponse:
         """POST ``body`` and return the streaming response once its headers arrived with 2xx.
 
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
@@ -96,6 +125,47 @@ class UpstreamClient:
         The exact first-byte deadline is the caller's (the proxy's supervisor aborts the attempt
         on its worker before giving up on it).
         """
+        response: UpstreamResponse
+        if self._wire is not None:
+            host, port, prefix = self._target(worker.url + path)
+            parts = [prefix, b"content-length: %d\r\n" % len(body)]
+            for name, value in headers:
+                parts += (name, b": ", value, b"\r\n")
+            parts += (b"\r\n", body)
+            try:
+                response = await self._wire.request(host, port, b"".join(parts))
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, worker, committed=False) from None
+        else:
+            response = await self._send(worker, path, body, headers)
+        if response.status_code >= 300:
+            try:
+                raw = await self._read_capped(response)
+            except httpx.HTTPError:
+                raw = b""
+            finally:
+                await response.aclose()
+            raise UpstreamStatusError.from_worker(response.status_code, raw)
+        return response
+
+    def _target(self, url: str) -> tuple[str, int, bytes]:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise UpstreamConnectError(f"unsupported worker URL {url!r} (plain http only)")
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            head = f"POST {path} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode("latin-1")
+            head += b"".join(k + b": " + v + b"\r\n" for k, v in self._base_raw)
+            if len(self._targets) > _MAX_TARGETS:
+                self._targets.clear()
+            target = self._targets[url] = (parts.hostname, parts.port or 80, head)
+        return target
+
+    async def _send(
+        self, worker: Worker, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> httpx.Response:
+        """The proxied POST through httpx and the injected transport."""
         # Straight to the client's transport: the proxied POST needs none of AsyncClient.send's
         # redirect, auth, cookie or event-hook machinery, and a worker's URL is parsed once.
         url = worker.url + path
@@ -116,20 +186,12 @@ class UpstreamClient:
         except httpx.HTTPError as exc:
             raise map_transport_error(exc, worker, committed=False) from None
         response.request = request
-        if response.status_code >= 300:
-            try:
-                raw = await self._read_capped(response)
-            except httpx.HTTPError:
-                raw = b""
-            finally:
-                await response.aclose()
-            raise UpstreamStatusError.from_worker(response.status_code, raw)
         return response
 
     @staticmethod
-    async def _read_capped(response: httpx.Response) -> bytes:
-        if hasattr(response, "_content"):  # already read (e.g. a transport that buffers)
-            return response.content[:_MAX_ERROR_BODY]
+    async def _read_capped(response: UpstreamResponse) -> bytes:
+        if isinstance(response, httpx.Response) and hasattr(response, "_content"):
+            return response.content[:_MAX_ERROR_BODY]  # already read (a transport that buffers)
         parts: list[bytes] = []
         size = 0
         async for part in response.aiter_raw():

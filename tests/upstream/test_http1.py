@@ -1,0 +1,510 @@
+"""Http1Client (the proxied POST's HTTP/1.1 client) against small HTTP servers on loopback.
+
+Each server is a real asyncio server that speaks raw HTTP/1.1, so framing (chunked,
+Content-Length, until-close), keep-alive reuse, connections dropped mid-response, silent servers
+and TCP backpressure are all exercised on real sockets, on asyncio's loop and on uvloop (the
+gateway's; see conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from app.config import Settings
+from app.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
+from app.upstream.client import UpstreamClient
+from app.upstream.http1 import HIGH_WATER, Http1Client
+from app.workers.worker import Worker
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+SSE = (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n")
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """(head, body) of one request with a Content-Length body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head, await reader.readexactly(length)
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+class Server:
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[tuple[bytes, bytes]] = []
+        self.port = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def request(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        request = await read_request(reader)
+        self.requests.append(request)
+        return request
+
+
+Start = Callable[[Callable[[Server], Handler]], Awaitable[Server]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Start]:
+    servers: list[asyncio.Server] = []
+
+    async def start(make: Callable[[Server], Handler]) -> Server:
+        server = Server(lambda r, w: make(server)(r, w))
+        srv = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+        server.port = srv.sockets[0].getsockname()[1]
+        servers.append(srv)
+        return server
+
+    yield start
+    for srv in servers:
+        srv.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(srv.wait_closed(), 5)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Http1Client]:
+    c = Http1Client(connect_s=2.0)
+    yield c
+    await c.aclose()
+
+
+def post(port: int, body: bytes = b"{}", path: str = "/x") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def keepalive_sse(server: Server) -> Handler:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await server.request(reader)
+            writer.write(SSE_HEAD)
+            for event in SSE:  # one write per event, as a worker streams them
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    return handle
+
+
+def fixed(response: bytes, *, keep: bool = True) -> Callable[[Server], Handler]:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await server.request(reader)
+                writer.write(response)
+                await writer.drain()
+                if not keep:
+                    return
+
+        return handle
+
+    return make
+
+
+async def body_of(response: object) -> bytes:
+    assert hasattr(response, "aiter_raw")
+    return b"".join([part async for part in response.aiter_raw()])
+
+
+async def test_chunked_stream_and_keep_alive_reuse(serve: Start, client: Http1Client) -> None:
+    server = await serve(keepalive_sse)
+    for _ in range(3):
+        response = await client.request("127.0.0.1", server.port, post(server.port, b'{"a":1}'))
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        assert await body_of(response) == b"".join(SSE)
+        await response.aclose()
+    assert server.connections == 1
+    head, body = server.requests[0]
+    assert head.startswith(b"POST /x HTTP/1.1\r\n")
+    assert body == b'{"a":1}'
+
+
+async def test_content_length_body(serve: Start, client: Http1Client) -> None:
+    server = await serve(
+        fixed(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\nX-Thing: A\r\n\r\nhello world")
+    )
+    for _ in range(2):
+        response = await client.request("127.0.0.1", server.port, post(server.port))
+        assert await response.aread() == b"hello world"
+        assert response.headers["x-thing"] == "A"
+        await response.aclose()
+    assert server.connections == 1
+
+
+async def test_body_split_across_many_writes(serve: Start, client: Http1Client) -> None:
+    payload = bytes(range(256)) * 400
+
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            raw = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload
+            for i in range(0, len(raw), 777):  # framing bytes split anywhere
+                writer.write(raw[i : i + 777])
+                await writer.drain()
+            await reader.read()
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    assert await response.aread() == payload
+
+
+async def test_until_close_body_is_read_to_eof_and_not_reused(
+    serve: Start, client: Http1Client
+) -> None:
+    server = await serve(
+        fixed(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it", keep=False)
+    )
+    for _ in range(2):
+        response = await client.request("127.0.0.1", server.port, post(server.port))
+        assert await response.aread() == b"all of it"
+        await response.aclose()
+    assert server.connections == 2
+
+
+async def test_interim_response_is_skipped(serve: Start, client: Http1Client) -> None:
+    server = await serve(
+        fixed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok")
+    )
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    assert response.status_code == 201
+    assert await response.aread() == b"ok"
+
+
+async def test_connection_close_response_is_not_reused(serve: Start, client: Http1Client) -> None:
+    server = await serve(
+        fixed(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", keep=False)
+    )
+    for _ in range(2):
+        response = await client.request("127.0.0.1", server.port, post(server.port))
+        assert await response.aread() == b"ok"
+        await response.aclose()
+    assert server.connections == 2
+
+
+async def test_an_idle_connection_the_server_closed_is_not_reused(
+    serve: Start, client: Http1Client
+) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+            # then close the kept-alive connection (the handler returns)
+
+        return handle
+
+    server = await serve(make)
+    for _ in range(3):
+        response = await client.request("127.0.0.1", server.port, post(server.port))
+        assert await response.aread() == b"ok"
+        await response.aclose()
+        for _ in range(200):  # the server's FIN reaches the idle connection
+            if not client.idle_connections("127.0.0.1", server.port):
+                break
+            await asyncio.sleep(0.01)
+        assert client.idle_connections("127.0.0.1", server.port) == 0
+    assert server.connections == 3
+
+
+async def test_keep_alive_expiry(serve: Start) -> None:
+    now = [0.0]
+    client = Http1Client(connect_s=2.0, keepalive_s=4.0, clock=lambda: now[0])
+    try:
+        server = await serve(fixed(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"))
+        for step in (0.0, 3.0, 5.0):  # reused after 3 s idle; not after 5 s more
+            now[0] += step
+            response = await client.request("127.0.0.1", server.port, post(server.port))
+            assert await response.aread() == b"ok"
+            await response.aclose()
+        assert server.connections == 2
+    finally:
+        await client.aclose()
+
+
+async def test_server_closing_mid_response(serve: Start, client: Http1Client) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.write(SSE_HEAD + b"9\r\ndata: 1\n\n\r\n")
+            await writer.drain()  # and close, without the rest
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    chunks = response.aiter_raw()
+    assert await chunks.__anext__() == b"data: 1\n\n"
+    with pytest.raises(httpx.RemoteProtocolError):
+        await chunks.__anext__()
+    await response.aclose()
+    assert client.idle_connections("127.0.0.1", server.port) == 0
+
+
+async def test_server_closing_before_answering(serve: Start, client: Http1Client) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+
+        return handle
+
+    server = await serve(make)
+    with pytest.raises(httpx.RemoteProtocolError):
+        await client.request("127.0.0.1", server.port, post(server.port))
+
+
+async def test_malformed_response(serve: Start, client: Http1Client) -> None:
+    server = await serve(fixed(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n"))
+    with pytest.raises(httpx.RemoteProtocolError):
+        await client.request("127.0.0.1", server.port, post(server.port))
+
+
+async def test_connection_refused(client: Http1Client) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        with pytest.raises(httpx.ConnectError):
+            await client.request("127.0.0.1", port, post(port))
+
+
+async def test_server_that_never_answers(serve: Start, client: Http1Client) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            await asyncio.Event().wait()
+
+        return handle
+
+    server = await serve(make)
+    with pytest.raises(httpx.ReadTimeout):
+        await client.request("127.0.0.1", server.port, post(server.port), first_byte_s=0.05)
+    assert client.idle_connections("127.0.0.1", server.port) == 0
+
+
+async def test_server_that_goes_silent_mid_stream(serve: Start, client: Http1Client) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.write(SSE_HEAD + b"9\r\ndata: 1\n\n\r\n")
+            await writer.drain()
+            await asyncio.Event().wait()
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port), idle_s=0.05)
+    chunks = response.aiter_raw()
+    assert await chunks.__anext__() == b"data: 1\n\n"
+    with pytest.raises(httpx.ReadTimeout):
+        await chunks.__anext__()
+
+
+async def test_connect_timeout() -> None:
+    # A listener whose accept queue is full and never drained: further SYNs go unanswered.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers: list[socket.socket] = []
+        try:
+            for _ in range(8):
+                s = socket.socket()
+                s.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    s.connect(("127.0.0.1", port))
+                fillers.append(s)
+            client = Http1Client(connect_s=0.2)
+            try:
+                with pytest.raises(httpx.ConnectTimeout):
+                    await client.request("127.0.0.1", port, post(port))
+            finally:
+                await client.aclose()
+        finally:
+            for s in fillers:
+                s.close()
+
+
+async def test_abandoned_response_closes_its_connection(serve: Start, client: Http1Client) -> None:
+    server = await serve(keepalive_sse)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    await response.aclose()  # nothing read
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    assert await body_of(response) == b"".join(SSE)
+    assert server.connections == 2
+
+
+async def test_cancelled_while_waiting_for_headers(serve: Start, client: Http1Client) -> None:
+    answered = asyncio.Event()
+
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            answered.set()
+            await reader.read()  # until the client hangs up
+
+        return handle
+
+    server = await serve(make)
+    task = asyncio.create_task(client.request("127.0.0.1", server.port, post(server.port)))
+    await answered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.idle_connections("127.0.0.1", server.port) == 0
+
+
+async def test_slow_reader_backpressure_bounds_memory(serve: Start, client: Http1Client) -> None:
+    """A reader that stops reading stops the socket being read: the server's own buffer fills
+    up (it cannot send everything), the client holds at most a high-water mark plus one read,
+    and reading on delivers every byte in order."""
+    total = 32 * 1024 * 1024
+    piece = bytes(range(256)) * 256  # 64 KiB
+    blocked = asyncio.Event()
+    sent = [0]
+
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            # Its own buffer may grow to 8 MiB; past 4 MiB the kernel's buffers are full.
+            writer.transport.set_write_buffer_limits(high=8 * 1024 * 1024)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+            while sent[0] < total:
+                writer.write(piece)
+                sent[0] += len(piece)
+                if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024:
+                    blocked.set()  # the kernel buffers are full: the peer stopped reading
+                await writer.drain()
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    chunks = response.aiter_raw()
+    received = await chunks.__anext__()
+    await asyncio.wait_for(blocked.wait(), 30)
+    assert response.buffered <= HIGH_WATER + 256 * 1024
+    assert sent[0] < total
+    got = len(received)
+    ok = received == (piece * (len(received) // len(piece) + 1))[: len(received)]
+    async for part in chunks:
+        expect_at = got % len(piece)
+        window = (piece * (len(part) // len(piece) + 2))[expect_at : expect_at + len(part)]
+        ok = ok and part == window
+        got += len(part)
+    assert got == total
+    assert ok
+
+
+# Through UpstreamClient: the request head it writes and its errors in the gateway's terms.
+
+
+def upstream(settings: Settings | None = None) -> UpstreamClient:
+    return UpstreamClient(settings or Settings(), None)
+
+
+async def test_upstream_client_request_head(serve: Start) -> None:
+    server = await serve(
+        fixed(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+    )
+    client = upstream(Settings(worker_api_key="sk-worker"))
+    try:
+        worker = Worker(f"http://127.0.0.1:{server.port}")
+        headers = [(b"x-request-id", b"abc"), (b"traceparent", b"00-1-2-01")]
+        response = await client.open(worker, "/v1/chat/completions", b'{"q":1}', headers)
+        assert await response.aread() == b"{}"
+        await response.aclose()
+    finally:
+        await client.aclose()
+    head, body = server.requests[0]
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /v1/chat/completions HTTP/1.1"
+    fields = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if line)}
+    assert fields == {
+        "host": f"127.0.0.1:{server.port}",
+        "accept-encoding": "identity",
+        "content-type": "application/json",
+        "authorization": "Bearer sk-worker",
+        "content-length": "7",
+        "x-request-id": "abc",
+        "traceparent": "00-1-2-01",
+    }
+    assert body == b'{"q":1}'
+
+
+async def test_upstream_client_maps_errors(serve: Start) -> None:
+    error = b'{"object":"error","message":"bad thing","code":400}'
+    bad = await serve(
+        fixed(b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n%s" % (len(error), error))
+    )
+    client = upstream()
+    try:
+        with pytest.raises(UpstreamStatusError) as status:
+            await client.open(Worker(f"http://127.0.0.1:{bad.port}"), "/x", b"{}", [])
+        assert status.value.status == 400
+        assert status.value.message == "bad thing"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            with pytest.raises(UpstreamConnectError):
+                await client.open(Worker(f"http://127.0.0.1:{port}"), "/x", b"{}", [])
+    finally:
+        await client.aclose()
+    # The error response was read to its end: its connection went back to the pool.
+    assert bad.connections == 1
+
+
+async def test_upstream_client_maps_a_hang_up_before_headers_to_connect_error(
+    serve: Start,
+) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+
+        return handle
+
+    server = await serve(make)
+    client = upstream()
+    try:
+        with pytest.raises(UpstreamConnectError) as info:
+            await client.open(Worker(f"http://127.0.0.1:{server.port}"), "/x", b"{}", [])
+        assert info.value.retryable
+    finally:
+        await client.aclose()
+
+
+def test_timeout_is_a_gateway_timeout() -> None:
+    from app.upstream.client import map_transport_error
+
+    error = map_transport_error(httpx.ReadTimeout("x"), Worker("http://w:1"), committed=False)
+    assert isinstance(error, UpstreamTimeout)
