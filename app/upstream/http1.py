@@ -54,6 +54,7 @@ class _Connection(asyncio.Protocol):
         "in_use",
         "keep_alive",
         "key",
+        "loop",
         "parser",
         "paused",
         "pending",
@@ -66,6 +67,8 @@ class _Connection(asyncio.Protocol):
     )
 
     def __init__(self) -> None:
+        # Kept: asyncio.get_running_loop() costs a getpid() system call on Python < 3.12.
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -248,7 +251,7 @@ class Http1Response:
                 error = conn.error
                 self._drop()
                 raise error
-            waiter = conn.waiter = asyncio.get_running_loop().create_future()
+            waiter = conn.waiter = conn.loop.create_future()
             if self._idle_s is None:
                 await waiter
             else:
@@ -322,7 +325,7 @@ class Http1Client:
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error
-                waiter = conn.waiter = asyncio.get_running_loop().create_future()
+                waiter = conn.waiter = conn.loop.create_future()
                 if first_byte_s is None:
                     await waiter
                 else:
