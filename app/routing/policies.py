@@ -44,21 +44,16 @@ def _load_key(worker: Worker) -> tuple[int, int, float]:
 
 class LeastInflight:
     """Fewest in-flight requests through this gateway; ties broken by the worker's polled load
-    (running + waiting, then KV-cache usage), then in rotation, so light sequential traffic is
-    spread over the workers instead of always landing on the same one."""
+    (running + waiting, then KV-cache usage), then by name, so the choice is deterministic."""
 
     name = "least_inflight"
-
-    def __init__(self) -> None:
-        self._turn = itertools.count()
 
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
         fewest = min(worker.in_flight for worker in workers)
         tied = [worker for worker in workers if worker.in_flight == fewest]
-        if len(tied) > 1:
-            lowest = min(_load_key(worker) for worker in tied)
-            tied = [worker for worker in tied if _load_key(worker) == lowest]
-        return tied[next(self._turn) % len(tied)] if len(tied) > 1 else tied[0]
+        if len(tied) == 1:
+            return tied[0]
+        return min(tied, key=lambda worker: (*_load_key(worker), worker.name))
 
 
 class PowerOfTwo:

@@ -9,7 +9,6 @@ from collections import Counter
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from tests.e2e.conftest import emulator, gateway, poll
@@ -65,12 +64,19 @@ def test_killed_worker_is_evicted_and_readmitted_without_failing_requests(
     poll(lambda: _workers(gw)[victim.url]["state"] == "unhealthy", timeout=10)
     procs.restart(victim)
     poll(lambda: _workers(gw)[victim.url]["state"] == "healthy", timeout=10)
-    served = Counter()
-    for _ in range(9):
-        status, raw = _stream(gw.url, _body(stream=False))
-        assert status == 200
-        served[orjson.loads(raw)["id"]] += 1
-    assert httpx.get(victim.url + "/emulator/stats", timeout=5).json()["totals"]["requests"] > 0
+    # Readmitted: with every worker holding one stream, least_inflight must use it again.
+    for emu in three:
+        _control(emu, "/emulator/gate", {"hold_after_chunks": 1})
+    threads = [threading.Thread(target=_stream, args=(gw.url, _body())) for _ in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        poll(lambda: [_active(e) for e in three] == [1, 1, 1], timeout=15)
+    finally:
+        for emu in three:
+            _control(emu, "/emulator/gate", {"release": True})
+        for thread in threads:
+            thread.join(timeout=30)
 
 
 def test_breaker_opens_on_injected_500s_and_traffic_moves_away(
