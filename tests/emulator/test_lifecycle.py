@@ -3,6 +3,7 @@ process death and replay - each on its own emulator process where flags differ."
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,17 @@ def test_client_disconnect_aborts_and_is_counted(emu: ManagedProcess) -> None:
         # Leaving the block closed the connection mid-stream.
         assert record(client, "gone")["aborted"] == "disconnect"
         client.post("/emulator/gate", json={"release": True})
-        body = {**LONG, "stream": False, "rid": "gone-too"}
-        with pytest.raises(httpx.ReadTimeout):
-            client.post("/v1/chat/completions", json=body, timeout=0.5)
-        assert record(client, "gone-too")["aborted"] == "disconnect"
+        # A non-streaming request whose client hangs up while it runs (no timing involved:
+        # the socket closes once the emulator reports the request active).
+        payload = orjson.dumps({**LONG, "stream": False, "rid": "gone-too"})
+        with socket.create_connection(("127.0.0.1", emu.port)) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: emulator\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(payload), payload)
+            )
+            wait_for(lambda: "gone-too" in stats(client)["active"], what="gone-too running")
+        wait_for(lambda: record(client, "gone-too")["aborted"] == "disconnect", what="aborted")
         assert stats(client)["totals"]["disconnects"] == 2
         metrics = client.get("/metrics").text
     aborted = _sample(metrics, "sglang:num_aborted_requests_total")
