@@ -116,7 +116,8 @@ async def _drive(one: Callable[[], Awaitable[int]], n: int, concurrency: int) ->
     async def loop() -> None:
         nonlocal total
         for _ in todo:
-            total += await one()
+            size = await one()  # not ``total += await one()``: that reads total before awaiting
+            total += size
 
     await asyncio.gather(*(loop() for _ in range(concurrency)))
     return total
