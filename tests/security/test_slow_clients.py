@@ -232,7 +232,9 @@ def test_slow_reader_backpressure_reaches_the_worker(
         f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
-    with _connect(gw, rcvbuf=8192) as sock:
+    # A receive buffer as big as loopback's MSS (64 KiB): smaller ones make Linux's silly-window
+    # avoidance, not the gateway, pace the stream once the client reads again.
+    with _connect(gw, rcvbuf=65536) as sock:
         sock.settimeout(60)
         sock.sendall(head + body)
         first = sock.recv(4096)
