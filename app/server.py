@@ -27,6 +27,7 @@ from app.config import Settings
 from app.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.httpguard import GuardLimits, guarded_protocol
 from app.main import create_app
+from app.metricsport import MetricsServer
 from app.processes import ProcessGroup, listen_shared
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,15 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
                 settings = settings.model_copy(update={"worker_urls": workers})
             if settings.processes > 1:
                 socks = listen_shared(settings.host, settings.port, settings.processes)
+                msocks = (
+                    listen_shared(settings.host, settings.metrics_port, settings.processes)
+                    if settings.metrics_port is not None
+                    else None
+                )
                 banner = _banner(settings, socks[0].getsockname()[1], workers)
 
                 def process(index: int) -> None:
-                    server = _server(settings, log_config)
+                    server = _server(settings, log_config, msocks[index] if msocks else None)
                     _run(server, socks[index], banner if index == 0 else None)
 
                 group = ProcessGroup(
@@ -106,8 +112,13 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
                 group.run()
                 return 0
             sock = listen(settings.host, settings.port)
+            msock = (
+                listen(settings.host, settings.metrics_port)
+                if settings.metrics_port is not None
+                else None
+            )
             banner = _banner(settings, sock.getsockname()[1], workers)
-            _run(_server(settings, log_config), sock, banner)
+            _run(_server(settings, log_config, msock), sock, banner)
     except KeyboardInterrupt:
         return 0
     except EmbeddedStartError as exc:
@@ -116,8 +127,10 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
     return 0
 
 
-def _server(settings: Settings, log_config: dict[str, Any]) -> uvicorn.Server:
-    """One process's gateway app under uvicorn."""
+def _server(
+    settings: Settings, log_config: dict[str, Any], metrics_sock: socket.socket | None = None
+) -> uvicorn.Server:
+    """One process's gateway app under uvicorn (and its metrics port, when configured)."""
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -135,7 +148,11 @@ def _server(settings: Settings, log_config: dict[str, Any]) -> uvicorn.Server:
         timeout_graceful_shutdown=max(1, round(settings.drain_s)),
         timeout_keep_alive=max(1, round(settings.timeouts.client_keepalive_s)),
     )
-    return DrainingServer(config, app.state.gateway, settings.drain_accept_s)
+    gateway: Gateway = app.state.gateway
+    metrics = None
+    if metrics_sock is not None:
+        metrics = (MetricsServer(gateway, log_config, settings.log_level), metrics_sock)
+    return DrainingServer(config, gateway, settings.drain_accept_s, metrics)
 
 
 class DrainingServer(uvicorn.Server):
@@ -146,10 +163,17 @@ class DrainingServer(uvicorn.Server):
     up to ``timeout_graceful_shutdown`` (``drain_s``) for in-flight streams. The process exits 0.
     A second signal, or Ctrl-C, stops at once as usual."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway, accept_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        gateway: Gateway,
+        accept_s: float,
+        metrics: tuple[MetricsServer, socket.socket] | None = None,
+    ) -> None:
         super().__init__(config)
         self._gateway = gateway
         self._accept_s = accept_s
+        self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -168,7 +192,16 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets=sockets)
+        companion: asyncio.Task[None] | None = None
+        if self._metrics is not None:
+            metrics_server, metrics_sock = self._metrics
+            companion = asyncio.create_task(metrics_server.serve(sockets=[metrics_sock]))
+        try:
+            await super().serve(sockets=sockets)
+        finally:
+            if companion is not None and self._metrics is not None:
+                self._metrics[0].should_exit = True
+                await companion
 
 
 def _run(server: uvicorn.Server, sock: socket.socket, banner: str | None) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
-from app.api.deps import GatewayDep
+from app.api.deps import Gateway, GatewayDep
 from app.api.security import OpsKey
+from app.errors import NotFound
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter(include_in_schema=False)
@@ -35,10 +36,17 @@ async def readyz(gw: GatewayDep) -> Response:
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
+def exposition(gw: Gateway) -> bytes:
+    """The Prometheus text: request metrics plus the pool's state read at scrape time."""
+    gw.metrics.observe_pool(gw.pool.workers, gw.proxy.admission.depth)
+    return gw.metrics.render()
+
+
 @router.get("/metrics", dependencies=[OpsKey])
 async def metrics(gw: GatewayDep) -> Response:
-    gw.metrics.observe_pool(gw.pool.workers, gw.proxy.admission.depth)
-    return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
+    if gw.settings.metrics_port is not None:
+        raise NotFound(f"metrics are served on port {gw.settings.metrics_port}")
+    return Response(exposition(gw), media_type=CONTENT_TYPE)
 
 
 @router.get("/workers", dependencies=[OpsKey])
