@@ -38,6 +38,7 @@ import httpx
 
 _NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 HIGH_WATER = 64 * 1024  # unread body bytes before the socket stops being read
+_MAX_HOSTS = 1024  # pools kept before empty ones are dropped
 
 
 class _Connection(asyncio.Protocol):
@@ -59,7 +60,6 @@ class _Connection(asyncio.Protocol):
         "paused",
         "pending",
         "pool",
-        "received",
         "status",
         "transport",
         "until_close",
@@ -88,7 +88,6 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.until_close = False
-        self.received = False  # any byte of the response arrived
         self.body: list[bytes] = []
         self.pending = 0  # bytes in ``body``
 
@@ -102,7 +101,6 @@ class _Connection(asyncio.Protocol):
         if not self.in_use:  # bytes on an idle connection: it is out of step, never reuse it
             self.close()
             return
-        self.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -383,6 +381,9 @@ class Http1Client:
             return
         idle = self._idle.get(conn.key)
         if idle is None:
+            if len(self._idle) >= _MAX_HOSTS:  # workers come and go under discovery
+                for key in [k for k, v in self._idle.items() if not v]:
+                    del self._idle[key]
             idle = self._idle[conn.key] = []
         now = self._clock()
         # The oldest idle connections sit at the bottom; expire them as we go.
