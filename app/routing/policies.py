@@ -103,9 +103,9 @@ class PrefixAffinity:
     Every worker owns ``vnodes`` points on a hash ring derived only from its stable name, so every
     gateway replica maps a key to the same home worker with no shared state, and adding or removing
     a worker moves only that worker's share of keys. A worker is eligible only while its load is
-    below ``ceil(load_factor * (total load + 1) / n)``; past its home, the walk continues clockwise,
-    so a hot key spills to the next workers on the ring instead of piling onto one node
-    (the cache-aware hot-spotting failure). Requests without a key go to ``fallback``.
+    below ``max(min_bound, ceil(load_factor * (total load + 1) / n))``; past its home, the walk
+    goes on clockwise, so a hot key spills to the next workers on the ring instead of piling onto
+    one node (the cache-aware hot-spotting failure). Requests without a key go to ``fallback``.
 
     The ring holds every worker name seen recently; the walk skips names that are not candidates
     now, which equals a ring built from the candidates alone but avoids rebuilding it whenever a
@@ -115,11 +115,17 @@ class PrefixAffinity:
     name = "prefix_affinity"
 
     def __init__(
-        self, *, load_factor: float = 1.25, vnodes: int = 64, fallback: Policy | None = None
+        self,
+        *,
+        load_factor: float = 1.25,
+        min_bound: int = 4,
+        vnodes: int = 64,
+        fallback: Policy | None = None,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be >= 1")
         self._load_factor = load_factor
+        self._min_bound = min_bound
         self._vnodes = vnodes
         self._fallback = fallback or LeastInflight()
         self._names: set[str] = set()
@@ -149,7 +155,9 @@ class PrefixAffinity:
         if ctx.routing_key is None or len(workers) == 1:
             return self._fallback.pick(ctx, workers)
         total = sum(_busy(worker) for worker in workers)
-        bound = math.ceil(self._load_factor * (total + 1) / len(workers))
+        # A worker with a handful of requests (of DFLASH's 48) is not a hot spot: without the
+        # floor, one request (or a stale polled count) at light load would break affinity.
+        bound = max(self._min_bound, math.ceil(self._load_factor * (total + 1) / len(workers)))
         return self._walk(ctx.routing_key, workers, bound=bound)
 
     def _walk(self, key: str, workers: Sequence[Worker], *, bound: int | None) -> Worker:

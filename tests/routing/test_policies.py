@@ -143,8 +143,16 @@ def test_prefix_affinity_agrees_with_a_fresh_ring_after_membership_churn() -> No
         assert churned.home(f"s{i}", current) is fresh.home(f"s{i}", current)
 
 
-
 def test_least_inflight_breaks_ties_by_name() -> None:
     workers = _workers(3)
     policy = LeastInflight()
     assert {policy.pick(CTX, list(reversed(workers))).name for _ in range(5)} == {workers[0].name}
+
+
+def test_prefix_affinity_stays_home_at_light_load() -> None:
+    # One request elsewhere in flight (or a stale polled count) must not push a key off its home.
+    workers = _workers(3)
+    policy = PrefixAffinity()
+    home = policy.home("conversation", workers)
+    home.load = WorkerLoad(running=2)
+    assert policy.pick(_keyed("conversation"), workers) is home
