@@ -63,7 +63,8 @@ def test_killed_worker_is_evicted_and_readmitted_without_failing_requests(
     assert statuses == [200] * 12
     poll(lambda: _workers(gw)[victim.url]["state"] == "unhealthy", timeout=10)
     procs.restart(victim)
-    poll(lambda: _workers(gw)[victim.url]["state"] == "healthy", timeout=10)
+    # Healthy again, and its breaker (opened by the refused connections) has let a probe through.
+    poll(lambda: _workers(gw)[victim.url]["routable"], timeout=30)
     # Readmitted: with every worker holding one stream, least_inflight must use it again.
     for emu in three:
         _control(emu, "/emulator/gate", {"hold_after_chunks": 1})
