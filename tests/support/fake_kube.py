@@ -67,7 +67,15 @@ class FakeKubeApi:
         self.url = f"http://127.0.0.1:{self.port}"
         app = Starlette(routes=[Route(PATH.format(namespace=namespace), self._endpoint)])
         self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+            # A bounded graceful stop: open watches are cancelled and their connections closed,
+            # so no transport is left for the garbage collector to complain about.
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                timeout_graceful_shutdown=1,
+            )
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -79,7 +87,6 @@ class FakeKubeApi:
 
     async def __aexit__(self, *exc: object) -> None:
         self._server.should_exit = True
-        self._server.force_exit = True
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 5)
