@@ -128,6 +128,7 @@ class KubernetesDiscovery:
         assert config.api_url is not None
         self._config = config
         self._path = self.PATH.format(namespace=config.namespace)
+        self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             base_url=config.api_url,
             verify=str(config.ca_file) if config.ca_file and config.ca_file.exists() else True,
@@ -143,14 +144,18 @@ class KubernetesDiscovery:
         return {}
 
     async def run(self, publish: Publish) -> None:
-        while True:
-            try:
-                version = await self._list()
-                publish(self.endpoints())
-                await self._watch(version, publish)
-            except (httpx.HTTPError, ValueError) as exc:
-                log.warning("EndpointSlice discovery: %s; re-listing", exc)
-                await asyncio.sleep(1.0)
+        try:
+            while True:
+                try:
+                    version = await self._list()
+                    publish(self.endpoints())
+                    await self._watch(version, publish)
+                except (httpx.HTTPError, ValueError) as exc:
+                    log.warning("EndpointSlice discovery: %s; re-listing", exc)
+                    await asyncio.sleep(1.0)
+        finally:  # cancelled at shutdown: close the open watch's connection, not leave it to GC
+            if self._owns_client:
+                await self._client.aclose()
 
     async def _list(self) -> str:
         response = await self._client.get(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -35,6 +36,14 @@ class Snapshots:
                 await asyncio.sleep(0.02)
 
 
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel a discovery loop and wait for it to clean up (its watch connection included)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
+
 async def test_static_publishes_the_configured_urls_once() -> None:
     seen = Snapshots()
     task = asyncio.create_task(StaticDiscovery(["http://a:30000", "http://b:1"]).run(seen))
@@ -43,7 +52,7 @@ async def test_static_publishes_the_configured_urls_once() -> None:
         ("a:30000", "http://a:30000"),
         ("b:1", "http://b:1"),
     ]
-    task.cancel()
+    await _stop(task)
 
 
 class FakeResolver:
@@ -83,7 +92,7 @@ async def test_dns_names_workers_by_reverse_record_and_follows_changes() -> None
         await seen.until(lambda: "[fd00::7]:30000" in seen.names())
         assert "http://[fd00::7]:30000" in {e.url for e in seen.latest or []}
     finally:
-        task.cancel()
+        await _stop(task)
 
 
 @pytest.fixture
@@ -141,7 +150,7 @@ async def test_endpointslices_list_watch_and_conditions(kube: FakeKubeApi, tmp_p
         assert kube.lists == 1  # all of that came through the watch
         assert set(kube.tokens_seen) == {"Bearer sa-token-1"}
     finally:
-        task.cancel()
+        await _stop(task)
 
 
 async def test_missed_delete_is_healed_by_the_periodic_relist(
@@ -158,7 +167,7 @@ async def test_missed_delete_is_healed_by_the_periodic_relist(
         await seen.until(lambda: seen.names() == {"dflash-worker-0"}, timeout=10)
         assert kube.lists >= 2
     finally:
-        task.cancel()
+        await _stop(task)
 
 
 async def test_watch_ended_by_the_server_relists(kube: FakeKubeApi, tmp_path: Path) -> None:
@@ -175,7 +184,7 @@ async def test_watch_ended_by_the_server_relists(kube: FakeKubeApi, tmp_path: Pa
         await seen.until(lambda: seen.names() == {"dflash-worker-5"})
         assert kube.lists == 2
     finally:
-        task.cancel()
+        await _stop(task)
 
 
 async def test_gone_watch_version_relists(kube: FakeKubeApi, tmp_path: Path) -> None:
@@ -189,7 +198,7 @@ async def test_gone_watch_version_relists(kube: FakeKubeApi, tmp_path: Path) -> 
         assert seen.names() == {"dflash-worker-0"}
         assert kube.watches >= 2
     finally:
-        task.cancel()
+        await _stop(task)
 
 
 def test_make_discovery_picks_the_configured_source() -> None:
