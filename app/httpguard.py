@@ -15,6 +15,9 @@ answered yet, and the connection is closed; a response already under way is left
 connection on which no request began is closed without an answer (a client that opened it early
 must not read a 408 as the answer to the request it sends later). The cost is one timer per
 request phase (``loop.call_later``), nothing per body chunk.
+
+The protocol also offers each request the ``app.directbody`` extension (stream chunks written
+without ASGI ``send``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.directbody import EXTENSION, DirectBody
 from app.errors import GatewayError, HeadersTooLarge, RequestTimeout
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         self._begun = False
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not an upgrade
+            # The relay's lane around ASGI send for stream chunks (app.directbody).
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[EXTENSION] = DirectBody(cycle)
         self._arm(self.limits.body_s, self._body_too_slow)
 
     def on_message_complete(self) -> None:

@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
+from app.directbody import DirectBody, direct_body
 from app.errors import (
     GatewayError,
     ServiceUnavailable,
@@ -76,7 +77,9 @@ class ProxyResponse(Response):
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         # The server's own send (set by RequestIdMiddleware): skips per-chunk wrapper layers.
-        await self._proxy.run(self._job, receive, scope.get("dflash.send", send))
+        await self._proxy.run(
+            self._job, receive, scope.get("dflash.send", send), direct_body(scope)
+        )
 
 
 class Proxy:
@@ -124,10 +127,14 @@ class Proxy:
     def new_rid(self) -> str:
         return uuid.UUID(int=self._rng.getrandbits(128), version=4).hex
 
-    async def run(self, job: Job, receive: Receive, send: Send) -> None:
+    async def run(
+        self, job: Job, receive: Receive, send: Send, direct: DirectBody | None = None
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        down = Downstream(send, job.request_id, stream=job.request.stream, clock=self._clock)
+        down = Downstream(
+            send, job.request_id, stream=job.request.stream, clock=self._clock, direct=direct
+        )
         sup = Supervisor(
             task=task,
             receive=receive,

@@ -2,9 +2,12 @@
 
 This is the hot path. Per upstream chunk the stream loop does one clock read, the observer's
 ``endswith``/``count``/substring checks, one list append (the chunk's time, for the inter-chunk
-histogram, observed once at the end of the request) and the ASGI send of the very same bytes
-object: no JSON, no pydantic, no copy, no timer (deadlines and keep-alives live in the request's
-``Supervisor``), no metric update.
+histogram, observed once at the end of the request) and one write of the very same bytes: no
+JSON, no pydantic, no timer (deadlines and keep-alives live in the request's ``Supervisor``), no
+metric update. Up to the commit point the chunks pass through the request's task and ASGI
+``send``; after it, when the server offers ``app.directbody`` and the worker connection is the
+gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
+straight to the client's connection, so a chunk costs no task switch at all.
 
 A non-streamed response is parsed once (orjson) for its usage and each choice's ``meta_info``
 (the exact acceptance length, asked for by the gateway); ``meta_info`` is removed from the
@@ -24,6 +27,7 @@ from app.errors import UpstreamStreamBroken
 from app.protocol import ParsedRequest, Route
 from app.streaming import Downstream, Supervisor
 from app.upstream.client import UpstreamResponse, map_transport_error
+from app.upstream.http1 import Http1Response
 from app.upstream.sse import SSEObserver, Usage, parse_usage, take_meta_info
 from app.workers.worker import Worker
 
@@ -72,12 +76,27 @@ async def relay_stream(
                     tally.first_at = now = clock()
                     record.ttft_ms = round((now - started) * 1000, 3)
                     break
-        async for chunk in chunks:  # steady state
-            sup.last_rx = now = clock()
-            out = obs.feed(chunk)
-            if out:
-                stamp(now)
-                await chunk_out(out)
+        direct = down.direct()
+        if direct is not None and isinstance(response, Http1Response):
+            # Steady state in the upstream connection's read callback: no task switch per chunk.
+            write, feed = direct.write, obs.feed
+
+            def sink(chunk: bytes) -> bool:
+                sup.last_rx = now = clock()
+                out = feed(chunk)
+                if out:
+                    stamp(now)
+                    return write(out)
+                return False
+
+            await response.pump(sink, direct.drain)
+        else:
+            async for chunk in chunks:  # steady state
+                sup.last_rx = now = clock()
+                out = obs.feed(chunk)
+                if out:
+                    stamp(now)
+                    await chunk_out(out)
         rest = obs.finish()
         if rest:
             await chunk_out(rest)

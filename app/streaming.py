@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from app.config import TimeoutConfig
+from app.directbody import DirectBody
 from app.errors import SSE_DONE, GatewayError
 
 Message = MutableMapping[str, Any]
@@ -35,16 +36,30 @@ TIMEOUT = "timeout"
 
 
 class Downstream:
-    __slots__ = ("_request_id", "_send", "body_bytes", "clock", "last_tx", "started", "stream")
+    __slots__ = ("_direct", "_request_id", "_send", "clock", "last_tx", "started", "stream")
 
-    def __init__(self, send: Send, request_id: str, *, stream: bool, clock: Clock) -> None:
+    def __init__(
+        self,
+        send: Send,
+        request_id: str,
+        *,
+        stream: bool,
+        clock: Clock,
+        direct: DirectBody | None = None,
+    ) -> None:
         self._send = send
+        self._direct = direct  # the server's lane around send for body chunks, if it has one
         self._request_id = request_id.encode("latin-1")
         self.stream = stream
         self.clock = clock
         self.started = False  # response headers sent: errors from now on go in-band
         self.last_tx = clock()
-        self.body_bytes = 0
+
+    def direct(self) -> DirectBody | None:
+        """Where stream chunks may be written without ``send`` from now on (``app.directbody``);
+        None if the server offers no such lane or the response is not a started stream."""
+        direct = self._direct
+        return direct if direct is not None and self.started and direct.ready() else None
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -66,7 +81,6 @@ class Downstream:
         if not self.started:
             await self.start_stream()
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
-        self.body_bytes += len(data)
 
     async def keepalive(self) -> None:
         await self.chunk(KEEPALIVE)
@@ -92,7 +106,6 @@ class Downstream:
             ],
         )
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
-        self.body_bytes += len(body)
 
     async def fail(self, error: GatewayError) -> None:
         """The error as the whole response if nothing was sent yet, else in-band + [DONE]."""

@@ -11,7 +11,9 @@ what a proxy needs and no more:
 * the request's head and body leave in one ``write`` (TCP_NODELAY is set on every connection);
 * the response is parsed by llhttp (httptools, C): Content-Length, chunked and until-close bodies;
 * body bytes are handed over as they arrive: everything parsed since the last read comes back as
-  one ``bytes`` (a read that carried several SSE events relays them in one downstream write);
+  one ``bytes`` (a read that carried several SSE events relays them in one downstream write),
+  either to the task iterating ``aiter_raw`` or, with ``pump``, to a callback run right in the
+  read callback (no task switch per read: how a committed stream is relayed);
 * backpressure: while more than ``high_water`` bytes wait unread, the socket is not read, so a
   slow client slows the worker down through TCP instead of the gateway buffering the stream;
 * a connection goes back to the pool only after its response was read to the end with
@@ -30,7 +32,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import httptools
@@ -60,6 +62,7 @@ class _Connection(asyncio.Protocol):
         "paused",
         "pending",
         "pool",
+        "sink",
         "status",
         "transport",
         "until_close",
@@ -79,6 +82,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.pool: list[_Connection] | None = None  # the idle stack holding it, if any
         self.paused = False
+        # Set while ``Http1Response.pump`` runs: body bytes go to it from ``data_received``.
+        self.sink: Callable[[bytes], bool] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -106,10 +111,31 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.error = httpx.RemoteProtocolError(f"malformed response from worker: {exc}")
             self.close()
-        if self.pending > HIGH_WATER and not self.paused and self.transport is not None:
+        if self.sink is not None:
+            if self.body and not self.paused:
+                self._to_sink(self.sink)
+            if not (self.complete or self.paused or self.error is not None):
+                return  # the pumping task has nothing to do: don't wake it
+        elif self.pending > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
+
+    def _to_sink(self, sink: Callable[[bytes], bool]) -> None:
+        """Hand the parsed body to the sink; pause reading if its consumer is behind."""
+        try:
+            behind = sink(self.take())
+        except Exception as exc:  # the consumer's failure ends this response (raised by pump)
+            self.error = exc
+            self.close()
+            return
+        if behind:
+            self.pause()
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         if self.until_close and self.headers_done:
@@ -249,20 +275,60 @@ class Http1Response:
                 error = conn.error
                 self._drop()
                 raise error
-            waiter = conn.waiter = conn.loop.create_future()
-            if self._idle_s is None:
-                await waiter
-            else:
-                try:
-                    async with asyncio.timeout(self._idle_s):
-                        await waiter
-                except TimeoutError:
-                    self._drop()
-                    raise httpx.ReadTimeout(
-                        f"no data from the worker for {self._idle_s}s"
-                    ) from None
+            await self._wait(conn)
         self._finish()
         raise StopAsyncIteration
+
+    async def pump(
+        self, sink: Callable[[bytes], bool], drain: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Hand the rest of the body to ``sink`` as it arrives, from the connection's read
+        callback (no task switch per read), until the body ends; then release the connection as
+        ``aclose`` does. ``sink`` returns True when its consumer is behind: reading pauses until
+        ``drain()`` returns. Errors are raised as ``__anext__`` raises them; an exception from
+        ``sink`` is raised here."""
+        conn = self._conn
+        if conn is None:
+            return
+        if self._headers is None:
+            _ = self.headers
+        conn.sink = sink
+        try:
+            while True:
+                if conn.paused:  # the consumer is behind (or the body outgrew the buffer)
+                    await drain()
+                    conn.paused = False
+                    if conn.transport is not None and not conn.closed:
+                        conn.transport.resume_reading()
+                if conn.body and sink(conn.take()):
+                    conn.pause()
+                    continue
+                if conn.complete:
+                    break
+                if conn.error is not None:
+                    error = conn.error
+                    self._drop()
+                    raise error
+                if not conn.paused:
+                    await self._wait(conn)
+        except BaseException:
+            self._drop()  # cut short (consumer failed, cancelled): never reuse the connection
+            raise
+        finally:
+            conn.sink = None
+        self._finish()
+
+    async def _wait(self, conn: _Connection) -> None:
+        waiter = conn.waiter = conn.loop.create_future()
+        if self._idle_s is None:
+            await waiter
+            return
+        try:
+            async with asyncio.timeout(self._idle_s):
+                await waiter
+        except TimeoutError:
+            self._drop()
+            raise httpx.ReadTimeout(f"no data from the worker for {self._idle_s}s") from None
 
     async def aread(self) -> bytes:
         parts = [part async for part in self.aiter_raw()]

@@ -426,6 +426,118 @@ async def test_slow_reader_backpressure_bounds_memory(serve: Start, client: Http
     assert ok
 
 
+# pump(): the body handed to a callback from the read callback (the committed stream's relay).
+
+
+async def test_pump_delivers_the_body_in_order_and_reuses_the_connection(
+    serve: Start, client: Http1Client
+) -> None:
+    server = await serve(keepalive_sse)
+    for _ in range(2):
+        response = await client.request("127.0.0.1", server.port, post(server.port))
+        got: list[bytes] = []
+
+        def sink(data: bytes, got: list[bytes] = got) -> bool:
+            got.append(data)
+            return False
+
+        await response.pump(sink, _never_called)
+        assert b"".join(got) == b"".join(SSE)
+        assert client.idle_connections("127.0.0.1", server.port) == 1
+    assert server.connections == 1
+
+
+async def _never_called() -> None:
+    raise AssertionError("drain() without backpressure")
+
+
+async def test_pump_pauses_reading_while_the_consumer_is_behind(
+    serve: Start, client: Http1Client
+) -> None:
+    """A sink that reports its consumer behind stops the socket being read until drain()
+    returns; every byte still arrives, in order, and nothing piles up in the gateway."""
+    total = 16 * 1024 * 1024
+    piece = bytes(range(256)) * 256  # 64 KiB
+    blocked = asyncio.Event()
+    sent = [0]
+
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.transport.set_write_buffer_limits(high=8 * 1024 * 1024)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+            while sent[0] < total:
+                writer.write(piece)
+                sent[0] += len(piece)
+                if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024:
+                    blocked.set()  # the kernel buffers are full: the peer stopped reading
+                await writer.drain()
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    received = bytearray()
+    behind = [True]  # the consumer starts out behind and catches up only when told
+    drains = [0]
+    caught_up = asyncio.Event()
+
+    def sink(data: bytes) -> bool:
+        received.extend(data)
+        return behind[0]
+
+    async def drain() -> None:
+        drains[0] += 1
+        await caught_up.wait()
+
+    pumping = asyncio.create_task(response.pump(sink, drain))
+    await asyncio.wait_for(blocked.wait(), 30)
+    assert sent[0] < total
+    assert len(received) <= 1024 * 1024  # one read at most: the socket was not read on
+    behind[0] = False
+    caught_up.set()
+    await asyncio.wait_for(pumping, 30)
+    assert drains[0] == 1
+    assert len(received) == total
+    assert bytes(received) == (piece * (total // len(piece)))
+
+
+async def test_pump_raises_a_connection_dropped_mid_body(
+    serve: Start, client: Http1Client
+) -> None:
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.write(SSE_HEAD + b"9\r\ndata: 1\n\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)  # then close, without the rest
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+    got: list[bytes] = []
+    with pytest.raises(httpx.RemoteProtocolError):
+        await response.pump(lambda data: got.append(data) is not None, _never_called)
+    assert got == [b"data: 1\n\n"]
+    assert client.idle_connections("127.0.0.1", server.port) == 0
+
+
+async def test_pump_raises_what_the_sink_raised_and_drops_the_connection(
+    serve: Start, client: Http1Client
+) -> None:
+    server = await serve(keepalive_sse)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+
+    def sink(data: bytes) -> bool:
+        raise RuntimeError("consumer failed")
+
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        await response.pump(sink, _never_called)
+    await response.aclose()
+    assert client.idle_connections("127.0.0.1", server.port) == 0
+
+
 # Through UpstreamClient: the request head it writes and its errors in the gateway's terms.
 
 
