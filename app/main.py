@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -16,7 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
-from app.api import openai, ops
+from app.api import completions, openai, ops
 from app.api.deps import Gateway
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
@@ -27,6 +28,7 @@ from app.limits import make_limiter
 from app.metrics import Metrics
 from app.proxy import Proxy
 from app.routing.policies import make_policy
+from app.streaming import Receive, Send
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
@@ -35,13 +37,29 @@ from app.workers.pool import EndpointLike, WorkerPool
 log = logging.getLogger(__name__)
 
 
+class GatewayApp(FastAPI):
+    """FastAPI, with POSTs to the two completion routes served before its middleware, routing and
+    dependency injection (``app.api.completions``), unless CORS is on (then FastAPI routes them,
+    to the same handler, so ``CORSMiddleware`` sees them)."""
+
+    lane = True
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        if self.lane and scope["type"] == "http" and scope["method"] == "POST":
+            route = completions.ROUTES.get(scope["path"])
+            if route is not None:
+                await completions.serve(self.state.gateway, route, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: Settings,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
-) -> FastAPI:
+) -> GatewayApp:
     """Build the gateway. ``transport`` replaces the upstream HTTP transport (tests); ``clock``
     and ``rng`` are the time and randomness sources (rids, backoff jitter, random policies)."""
     rng = rng or random.Random()
@@ -109,7 +127,7 @@ def create_app(
             if limiter is not None:
                 await limiter.close()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="dflash-gateway",
         version=__version__,
         lifespan=lifespan,
@@ -124,6 +142,7 @@ def create_app(
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
     if settings.cors_origins:  # off by default: browsers get no CORS headers at all
+        app.lane = False
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,

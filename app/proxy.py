@@ -18,11 +18,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import Response
-
 from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
-from app.directbody import DirectBody, direct_body
+from app.directbody import DirectBody
 from app.errors import (
     GatewayError,
     ServiceUnavailable,
@@ -63,23 +61,6 @@ class Job:
     def committed(self) -> bool:
         """The first upstream data event reached the client: no more retries."""
         return self.record.ttft_ms is not None
-
-
-class ProxyResponse(Response):
-    """A raw ASGI response: the whole upstream exchange runs when it is sent."""
-
-    def __init__(self, proxy: Proxy, job: Job) -> None:
-        self._proxy = proxy
-        self._job = job
-        self.background = None
-        self.status_code = 200  # decided when sent; see Downstream
-        self.raw_headers = []
-
-    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        # The server's own send (set by RequestIdMiddleware): skips per-chunk wrapper layers.
-        await self._proxy.run(
-            self._job, receive, scope.get("dflash.send", send), direct_body(scope)
-        )
 
 
 class Proxy:

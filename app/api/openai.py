@@ -1,15 +1,16 @@
-"""The OpenAI surface: thin handlers that validate, then hand the request to the proxy."""
+"""The OpenAI surface as FastAPI sees it: ``/v1/models``, and the two completion routes declared
+for ``/openapi.json``, 405s and the CORS case; ``GatewayApp`` serves POSTs to those two itself
+before routing (``app.api.completions``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from app.accesslog import AccessRecord
-from app.api.deps import Gateway, GatewayDep, RequestIdDep
+from app.api import completions as lane
+from app.api.deps import Gateway, GatewayDep
 from app.api.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -17,91 +18,25 @@ from app.api.schema import (
     error_responses,
     request_body,
 )
-from app.api.security import ClientKey, KeyedResponse, admit, release
-from app.errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotFound,
-    PayloadTooLarge,
-    ServiceUnavailable,
-)
-from app.protocol import ParsedRequest, Route, parse_request
-from app.proxy import Job, ProxyResponse
-from app.routing.keys import routing_key
-from app.routing.policies import RoutingContext
-from app.upstream.client import forwardable_headers
+from app.api.security import ClientKey
+from app.protocol import Route
+from app.streaming import Receive, Send
 
 router = APIRouter()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-            parts.append(part)
-    except ClientDisconnect:  # gone, or cut off by the server's body deadline (app.httpguard)
-        raise InvalidRequest(
-            "the client closed the connection", status=499, code="client_closed_request"
-        ) from None
-    return b"".join(parts)
+class CompletionResponse(Response):
+    """A completion request routed by FastAPI, answered by ``app.api.completions.serve``."""
 
+    def __init__(self, gw: Gateway, route: Route) -> None:
+        self._gw = gw
+        self._route = route
+        self.background = None
+        self.status_code = 200  # decided by serve
+        self.raw_headers = []
 
-def _check_model(gw: Gateway, parsed: ParsedRequest) -> None:
-    if not gw.accepting:
-        raise ServiceUnavailable(
-            "the gateway is shutting down; retry on another replica",
-            retry_after=gw.settings.admission.retry_after_s,
-        )
-    served = gw.pool.served_models()
-    if parsed.served_model in served:
-        return
-    if not served:
-        raise ServiceUnavailable(
-            "no healthy worker yet; try again shortly",
-            retry_after=gw.settings.admission.retry_after_s,
-        )
-    raise ModelNotFound(f"The model `{parsed.model}` does not exist.", param="model")
-
-
-async def _proxy(
-    request: Request, gw: Gateway, request_id: str, route: Route, key: str | None
-) -> Response:
-    started = gw.proxy.now()
-    settings = gw.settings
-    slot = None
-    try:
-        slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
-        raw = await read_body(request, settings.limits.max_body_bytes)
-        parsed = parse_request(raw, route, limits=settings.limits, aliases=settings.model_aliases)
-        _check_model(gw, parsed)
-    except GatewayError as exc:
-        if slot is not None:
-            await release(slot)
-        gw.metrics.record_request(route.value, "other", exc.status)
-        raise
-    except BaseException:
-        if slot is not None:
-            await release(slot)
-        raise
-    headers = [
-        (k, v) for k, v in forwardable_headers(request.scope["headers"]) if k != b"x-request-id"
-    ]
-    headers.append((b"x-request-id", request_id.encode("ascii")))
-    ctx = RoutingContext(parsed.served_model, routing_key(request.headers, parsed.body))
-    record = AccessRecord(request_id, route.value, parsed.served_model, parsed.stream, key=key)
-    job = Job(parsed, headers, request_id, ctx, record, started)
-    response = ProxyResponse(gw.proxy, job)
-    if key is None or slot is None:
-        return response
-    return KeyedResponse(response, key=key, record=record, release=slot, metrics=gw.metrics)
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        await lane.serve(self._gw, self._route, scope, receive, send)
 
 
 @router.post(
@@ -110,10 +45,8 @@ async def _proxy(
     responses=completion_responses(),
     response_class=Response,
 )
-async def chat_completions(
-    request: Request, gw: GatewayDep, request_id: RequestIdDep, key: ClientKey
-) -> Response:
-    return await _proxy(request, gw, request_id, Route.CHAT, key)
+async def chat_completions(request: Request, gw: GatewayDep) -> Response:
+    return CompletionResponse(gw, Route.CHAT)
 
 
 @router.post(
@@ -122,10 +55,8 @@ async def chat_completions(
     responses=completion_responses(),
     response_class=Response,
 )
-async def completions(
-    request: Request, gw: GatewayDep, request_id: RequestIdDep, key: ClientKey
-) -> Response:
-    return await _proxy(request, gw, request_id, Route.COMPLETIONS, key)
+async def completions(request: Request, gw: GatewayDep) -> Response:
+    return CompletionResponse(gw, Route.COMPLETIONS)
 
 
 @router.get("/v1/models", responses={401: error_responses()[401]})

@@ -20,6 +20,22 @@ def _acceptable(value: bytes) -> bool:
     return 0 < len(value) <= _MAX_LEN and all(0x21 <= c <= 0x7E for c in value)
 
 
+def request_id_of(scope: dict[str, Any]) -> str:
+    """The request's id: the one already given to it, the client's (if sane) or a new one."""
+    state = scope.setdefault("state", {})
+    known: str | None = state.get("request_id")
+    if known is not None:
+        return known
+    raw = b""
+    for name, value in scope["headers"]:
+        if name == HEADER:
+            raw = value
+            break
+    request_id = raw.decode("ascii") if _acceptable(raw) else uuid.uuid4().hex
+    state["request_id"] = request_id
+    return request_id
+
+
 class RequestIdMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -28,14 +44,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = b""
-        for name, value in scope["headers"]:
-            if name == HEADER:
-                raw = value
-                break
-        if not _acceptable(raw):
-            raw = uuid.uuid4().hex.encode()
-        scope.setdefault("state", {})["request_id"] = raw.decode("ascii")
+        raw = request_id_of(scope).encode("ascii")
         scope["dflash.send"] = send
 
         async def send_with_id(message: Message) -> None:

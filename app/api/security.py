@@ -1,28 +1,25 @@
 """Who may call the gateway, and how much: API keys (``app.auth``) and per-key limits
 (``app.limits``), checked once per request before its body is read — never per stream chunk.
 
-``ClientKey`` is a dependency of the ``/v1/*`` routes: the caller's key NAME (None when no keys are
-configured), or a 401 in OpenAI shape. ``OpsKey`` guards ``/metrics`` and ``/workers`` only when
-``auth.protect_ops`` is set; probes (``/livez``, ``/readyz``, ``/health``) never need a key.
-``admit`` takes the key's limiter slot (429 + Retry-After when over a limit) and ``KeyedResponse``
-gives it back when the response has been sent, counting the key's completion tokens.
+``key_name`` gives the caller's key NAME (None when no keys are configured) or raises a 401 in
+OpenAI shape; ``ClientKey`` is it as a dependency (``/v1/models``; the completion routes call it
+themselves). ``OpsKey`` guards ``/metrics`` and ``/workers`` only when ``auth.protect_ops`` is
+set; probes (``/livez``, ``/readyz``, ``/health``) never need a key. ``admit`` takes the key's
+limiter slot (429 + Retry-After when over a limit) and ``release`` gives it back once the
+response has been sent (``app.api.completions``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
-from starlette.responses import Response
 
-from app.accesslog import AccessRecord
 from app.api.deps import Gateway
 from app.auth import bearer_token
 from app.errors import AuthenticationFailed
-from app.metrics import Metrics
-from app.streaming import Receive, Send
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +30,13 @@ _MISSING = (
 _WRONG = "Incorrect API key provided."
 
 
-def key_name(request: Request, gw: Gateway) -> str | None:
-    """The caller's key name; None when the gateway is open. Raises ``AuthenticationFailed``."""
+def key_name(authorization: str | None, gw: Gateway) -> str | None:
+    """The caller's key name (from its Authorization header); None when the gateway is open.
+    Raises ``AuthenticationFailed``."""
     keys = gw.keys
     if keys.open:
         return None
-    token = bearer_token(request.headers.get("authorization"))
+    token = bearer_token(authorization)
     if token is None:
         raise AuthenticationFailed(_MISSING)
     name = keys.authenticate(token)
@@ -49,13 +47,13 @@ def key_name(request: Request, gw: Gateway) -> str | None:
 
 async def client_key(request: Request) -> str | None:
     gw: Gateway = request.app.state.gateway
-    return key_name(request, gw)
+    return key_name(request.headers.get("authorization"), gw)
 
 
 async def ops_key(request: Request) -> None:
     gw: Gateway = request.app.state.gateway
     if gw.settings.auth.protect_ops:
-        key_name(request, gw)
+        key_name(request.headers.get("authorization"), gw)
 
 
 ClientKey = Annotated[str | None, Depends(client_key)]
@@ -72,38 +70,6 @@ async def admit(gw: Gateway, key: str | None) -> contextlib.AsyncExitStack | Non
     if gw.limiter is not None:
         await stack.enter_async_context(gw.limiter.hold(key))
     return stack
-
-
-class KeyedResponse(Response):
-    """Wraps the proxy's response: afterwards, releases the key's limiter slot and adds the
-    request's completion tokens to the key's counter."""
-
-    def __init__(
-        self,
-        inner: Response,
-        *,
-        key: str,
-        record: AccessRecord,
-        release: contextlib.AsyncExitStack,
-        metrics: Metrics,
-    ) -> None:
-        self._inner = inner
-        self._key = key
-        self._record = record
-        self._release = release
-        self._metrics = metrics
-        self.background = None
-        self.status_code = inner.status_code
-        self.raw_headers = []
-
-    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        try:
-            await self._inner(scope, receive, send)
-        finally:
-            await release(self._release)
-            tokens = self._record.completion_tokens
-            if tokens:
-                self._metrics.record_key_tokens(self._key, tokens)
 
 
 async def release(stack: contextlib.AsyncExitStack) -> None:

@@ -1,0 +1,140 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's traffic, in plain ASGI.
+
+``serve(gw, route, scope, receive, send)`` is the whole request: its X-Request-Id, the API key
+(401), the key's limits (429, before the body is read), the body (413 past the cap; 499 when the
+client leaves while sending it), its validation (``app.protocol``, 400), the model (404; 503 while
+no worker serves it or the gateway drains), then the proxy, which answers. Every error before the
+proxy runs is answered here in OpenAI shape.
+
+``GatewayApp`` (``app.main``) calls ``serve`` before FastAPI's middleware, routing and dependency
+injection, which together cost about as much CPU per request as relaying the whole answer. FastAPI
+still declares both routes: they document the bodies in ``/openapi.json``, answer other methods
+with 405, and serve the requests themselves when CORS is configured (``CORSMiddleware`` must see
+those), through the same ``serve``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+
+from app.accesslog import AccessRecord
+from app.api.deps import Gateway
+from app.api.request_id import request_id_of
+from app.api.security import admit, key_name, release
+from app.directbody import direct_body
+from app.errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+)
+from app.protocol import ParsedRequest, Route, parse_request
+from app.proxy import Job
+from app.routing.keys import routing_key
+from app.routing.policies import RoutingContext
+from app.streaming import Receive, Send
+from app.upstream.client import forwardable_headers
+
+log = logging.getLogger(__name__)
+
+ROUTES = {route.value: route for route in Route}
+
+
+async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: Send) -> None:
+    """Answer one completion request (see the module doc)."""
+    started = gw.proxy.now()
+    request_id = request_id_of(scope)
+    headers = Headers(scope=scope)
+    key: str | None = None
+    slot: contextlib.AsyncExitStack | None = None
+    try:
+        key = key_name(headers.get("authorization"), gw)
+        slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
+        raw = await read_body(receive, headers, gw.settings.limits.max_body_bytes)
+        parsed = parse_request(
+            raw, route, limits=gw.settings.limits, aliases=gw.settings.model_aliases
+        )
+        check_model(gw, parsed)
+    except Exception as exc:
+        if slot is not None:
+            await release(slot)
+        if not isinstance(exc, GatewayError):  # a bug: log it, never show it
+            log.exception("request %s failed inside the gateway", request_id)
+            exc = GatewayError("internal error")
+        gw.metrics.record_request(route.value, "other", exc.status)
+        await send_error(send, exc, request_id)
+        return
+    forwarded = [(k, v) for k, v in forwardable_headers(scope["headers"]) if k != b"x-request-id"]
+    forwarded.append((b"x-request-id", request_id.encode("ascii")))
+    ctx = RoutingContext(parsed.served_model, routing_key(headers, parsed.body))
+    record = AccessRecord(request_id, route.value, parsed.served_model, parsed.stream, key=key)
+    job = Job(parsed, forwarded, request_id, ctx, record, started)
+    try:
+        # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per chunk.
+        await gw.proxy.run(job, receive, scope.get("dflash.send", send), direct_body(scope))
+    finally:
+        if slot is not None:
+            await release(slot)
+        if key is not None and record.completion_tokens:
+            gw.metrics.record_key_tokens(key, record.completion_tokens)
+
+
+async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
+    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes."""
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            # Gone, or cut off by the server's body deadline (app.httpguard).
+            raise InvalidRequest(
+                "the client closed the connection", status=499, code="client_closed_request"
+            )
+        part = message.get("body", b"")
+        if part:
+            size += len(part)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+            parts.append(part)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def check_model(gw: Gateway, parsed: ParsedRequest) -> None:
+    if not gw.accepting:
+        raise ServiceUnavailable(
+            "the gateway is shutting down; retry on another replica",
+            retry_after=gw.settings.admission.retry_after_s,
+        )
+    served = gw.pool.served_models()
+    if parsed.served_model in served:
+        return
+    if not served:
+        raise ServiceUnavailable(
+            "no healthy worker yet; try again shortly",
+            retry_after=gw.settings.admission.retry_after_s,
+        )
+    raise ModelNotFound(f"The model `{parsed.model}` does not exist.", param="model")
+
+
+async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
+    body = orjson.dumps(error.body())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"x-request-id", request_id.encode("ascii")),
+    ]
+    headers += [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers().items()
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
