@@ -23,10 +23,12 @@ EXTENSION = "dflash.direct_body"
 class DirectBody:
     """Chunked body writes on one request's connection (``cycle``: uvicorn's request cycle)."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_flow", "_transport")
 
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
+        self._transport = cycle.transport
+        self._flow = cycle.flow
 
     def ready(self) -> bool:
         """The response started with chunked framing and has not ended: writes may begin."""
@@ -42,20 +44,16 @@ class DirectBody:
         """Write one body chunk. Returns True when the client is behind (the connection's write
         buffer is over its high-water mark): produce nothing more until ``drain()``. Bytes for a
         client that has gone are dropped, as ``send`` drops them."""
-        cycle = self._cycle
-        if cycle.disconnected:
-            return False
-        transport = cycle.transport
-        if transport.is_closing():
+        transport = self._transport
+        if self._cycle.disconnected or transport.is_closing():
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        return bool(cycle.flow.write_paused)
+        return self._flow.write_paused  # type: ignore[no-any-return]
 
     async def drain(self) -> None:
         """Until the client has caught up (at once if it has gone)."""
-        cycle = self._cycle
-        if cycle.flow.write_paused and not cycle.disconnected:
-            await cycle.flow.drain()
+        if self._flow.write_paused and not self._cycle.disconnected:
+            await self._flow.drain()
 
 
 def direct_body(scope: Any) -> DirectBody | None:

@@ -13,7 +13,6 @@ import contextlib
 import functools
 import logging
 import random
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,7 +105,8 @@ class Proxy:
         return self._clock()
 
     def new_rid(self) -> str:
-        return uuid.UUID(int=self._rng.getrandbits(128), version=4).hex
+        """32 random hex digits (SGLang aborts by rid prefix: they must not share one)."""
+        return f"{self._rng.getrandbits(128):032x}"
 
     async def run(
         self, job: Job, receive: Receive, send: Send, direct: DirectBody | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import shlex
 import signal
@@ -143,6 +144,8 @@ def _server(
         ),
         lifespan="on",
         access_log=False,
+        # X-Forwarded-* would only rewrite scope["client"], which the gateway never reads.
+        proxy_headers=False,
         log_config=log_config,
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, round(settings.drain_s)),
@@ -210,8 +213,12 @@ def _run(server: uvicorn.Server, sock: socket.socket, banner: str | None) -> Non
         # uvicorn offers no "started" event to wait on; poll its flag.
         while not server.started and not task.done():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
-        if server.started and banner:
-            print(banner, flush=True)
+        if server.started:
+            # Everything built at start-up lives as long as the process: keep it out of the
+            # cyclic collector's full passes, which otherwise rescan it all under load.
+            gc.freeze()
+            if banner:
+                print(banner, flush=True)
         await task
 
     try:

@@ -7,7 +7,7 @@ can skip the per-chunk wrapper layers between here and the route.
 
 from __future__ import annotations
 
-import uuid
+import os
 from typing import Any
 
 from app.streaming import Message, Receive, Send
@@ -31,7 +31,7 @@ def request_id_of(scope: dict[str, Any]) -> str:
         if name == HEADER:
             raw = value
             break
-    request_id = raw.decode("ascii") if _acceptable(raw) else uuid.uuid4().hex
+    request_id = raw.decode("ascii") if _acceptable(raw) else os.urandom(16).hex()
     state["request_id"] = request_id
     return request_id
 

@@ -10,6 +10,7 @@ unit tests) every call goes through httpx and that transport. Either way, ``open
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -33,23 +34,23 @@ from app.workers.worker import Worker
 # library), hop-by-hop headers (RFC 9110 §7.6.1), and encodings we would have to undo.
 _DROP = frozenset(
     {
-        "authorization",
-        "cookie",
-        "host",
-        "content-length",
-        "content-type",
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "accept-encoding",
-        "expect",
+        b"authorization",
+        b"cookie",
+        b"host",
+        b"content-length",
+        b"content-type",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"accept-encoding",
+        b"expect",
     }
 )
 _MAX_ERROR_BODY = 64 * 1024
@@ -74,18 +75,18 @@ class UpstreamResponse(Protocol):
 
 def forwardable_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The client's end-to-end headers (ASGI raw form) that may go to a worker."""
-    headers = list(raw)
-    drop = set(_DROP)
+    headers = [(name.lower(), value) for name, value in raw]
+    drop: frozenset[bytes] | set[bytes] = _DROP
     for name, value in headers:
-        if name.lower() == b"connection":  # headers it names are hop-by-hop too
-            drop.update(v.strip().lower() for v in value.decode("latin-1").split(","))
-    return [(n, v) for n, v in headers if n.decode("latin-1").lower() not in drop]
+        if name == b"connection":  # headers it names are hop-by-hop too
+            drop = drop | {v.strip().lower() for v in value.split(b",")}
+    return [(n, v) for n, v in headers if n not in drop]
 
 
 class UpstreamClient:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None) -> None:
         t = settings.timeouts
-        self._abort_timeout = httpx.Timeout(min(t.connect_s, 5.0))
+        self._abort_s = min(t.connect_s, 5.0)
         # No read timeout on proxied requests: the proxy's supervisor enforces the first-byte
         # and idle deadlines (and aborts on the worker first), without a timer per chunk.
         self._timeout = httpx.Timeout(connect=t.connect_s, read=None, write=t.idle_s, pool=None)
@@ -204,30 +205,67 @@ class UpstreamClient:
     async def abort(self, worker: Worker, rid: str) -> bool:
         """Best effort ``POST /abort_request``; True when the worker answered 2xx."""
         try:
-            response = await self._client.post(
-                worker.url + "/abort_request",
-                content=orjson.dumps({"rid": rid}),
-                timeout=self._abort_timeout,
+            status, _ = await self._call(
+                worker, "POST", "/abort_request", orjson.dumps({"rid": rid}), self._abort_s
             )
-        except httpx.HTTPError:
+        except UpstreamError:
             return False
-        return response.is_success
+        return 200 <= status < 300
 
     async def get(self, worker: Worker, path: str, timeout: float) -> tuple[int, Any]:  # noqa: ASYNC109
         """GET a small JSON (or empty) document; (status, parsed body or None)."""
-        try:
-            response = await self._client.get(worker.url + path, timeout=timeout)
-        except httpx.TimeoutException as exc:
-            raise UpstreamTimeout(f"{worker.name}{path}: timed out") from exc
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, worker, committed=False) from exc
+        status, content = await self._call(worker, "GET", path, None, timeout)
         data: Any = None
-        if response.content:
+        if content:
             try:
-                data = orjson.loads(response.content)
+                data = orjson.loads(content)
             except orjson.JSONDecodeError:
                 data = None
-        return response.status_code, data
+        return status, data
+
+    async def _call(
+        self,
+        worker: Worker,
+        method: str,
+        path: str,
+        body: bytes | None,
+        timeout: float,  # noqa: ASYNC109
+    ) -> tuple[int, bytes]:
+        """A small control call (health, loads, models, abort), whole within ``timeout``.
+        Raises ``UpstreamTimeout`` or ``UpstreamConnectError``."""
+        url = worker.url + path
+        if self._wire is None:
+            try:
+                response = await self._client.request(
+                    method, url, content=body, timeout=httpx.Timeout(timeout)
+                )
+            except httpx.TimeoutException as exc:
+                raise UpstreamTimeout(f"{worker.name}{path}: timed out") from exc
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, worker, committed=False) from exc
+            return response.status_code, response.content
+        host, port, head = self._control_head(url, method)
+        if body is not None:
+            request = b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
+        else:
+            request = head + b"\r\n"
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await self._wire.request(host, port, request)
+                try:
+                    content = await answer.aread()
+                finally:
+                    await answer.aclose()
+        except TimeoutError:
+            raise UpstreamTimeout(f"{worker.name}{path}: timed out") from None
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, worker, committed=False) from exc
+        return answer.status_code, content
+
+    def _control_head(self, url: str, method: str) -> tuple[str, int, bytes]:
+        """Host, port and request head (less the final blank line) of a control call."""
+        host, port, head = self._target(url)
+        return host, port, method.encode("ascii") + head[4:]  # the cached head is a POST
 
 
 def map_transport_error(exc: httpx.HTTPError, worker: Worker, *, committed: bool) -> UpstreamError:

@@ -111,26 +111,27 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.error = httpx.RemoteProtocolError(f"malformed response from worker: {exc}")
             self.close()
-        if self.sink is not None:
-            if self.body and not self.paused:
-                self._to_sink(self.sink)
+        sink = self.sink
+        if sink is not None:
+            body = self.body
+            if body and not self.paused:
+                # take(), inlined: this is the relay's per-chunk path.
+                self.body = []
+                self.pending = 0
+                try:
+                    behind = sink(body[0] if len(body) == 1 else b"".join(body))
+                except Exception as exc:  # the consumer's failure ends this response (see pump)
+                    self.error = exc
+                    self.close()
+                    behind = False
+                if behind:
+                    self.pause()
             if not (self.complete or self.paused or self.error is not None):
                 return  # the pumping task has nothing to do: don't wake it
         elif self.pending > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
-
-    def _to_sink(self, sink: Callable[[bytes], bool]) -> None:
-        """Hand the parsed body to the sink; pause reading if its consumer is behind."""
-        try:
-            behind = sink(self.take())
-        except Exception as exc:  # the consumer's failure ends this response (raised by pump)
-            self.error = exc
-            self.close()
-            return
-        if behind:
-            self.pause()
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None and not self.closed:

@@ -502,9 +502,7 @@ async def test_pump_pauses_reading_while_the_consumer_is_behind(
     assert bytes(received) == (piece * (total // len(piece)))
 
 
-async def test_pump_raises_a_connection_dropped_mid_body(
-    serve: Start, client: Http1Client
-) -> None:
+async def test_pump_raises_a_connection_dropped_mid_body(serve: Start, client: Http1Client) -> None:
     def make(server: Server) -> Handler:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await server.request(reader)
@@ -620,3 +618,49 @@ def test_timeout_is_a_gateway_timeout() -> None:
 
     error = map_transport_error(httpx.ReadTimeout("x"), Worker("http://w:1"), committed=False)
     assert isinstance(error, UpstreamTimeout)
+
+
+async def test_upstream_client_control_calls_share_the_keep_alive_pool(serve: Start) -> None:
+    loads = b'{"running":3}'
+    server = await serve(
+        fixed(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(loads), loads))
+    )
+    client = upstream(Settings(worker_api_key="sk-worker"))
+    worker = Worker(f"http://127.0.0.1:{server.port}")
+    try:
+        assert await client.get(worker, "/v1/loads?include=core,spec", 5.0) == (200, {"running": 3})
+        assert await client.abort(worker, "rid-1")
+        assert await client.get(worker, "/health", 5.0) == (200, {"running": 3})
+    finally:
+        await client.aclose()
+    assert server.connections == 1  # one kept-alive connection for all three
+    (get_head, get_body), (abort_head, abort_body), _ = server.requests
+    assert get_head.startswith(b"GET /v1/loads?include=core,spec HTTP/1.1\r\n")
+    assert b"authorization: Bearer sk-worker\r\n" in get_head
+    assert b"content-length" not in get_head.lower()
+    assert get_body == b""
+    assert abort_head.startswith(b"POST /abort_request HTTP/1.1\r\n")
+    assert abort_body == b'{"rid":"rid-1"}'
+
+
+async def test_upstream_client_control_call_timeouts_and_failures(serve: Start) -> None:
+    def silent(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            await reader.read()  # never answers; returns when the client hangs up
+
+        return handle
+
+    server = await serve(silent)
+    client = upstream()
+    try:
+        with pytest.raises(UpstreamTimeout):
+            await client.get(Worker(f"http://127.0.0.1:{server.port}"), "/health", 0.2)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            dead = Worker(f"http://127.0.0.1:{sock.getsockname()[1]}")
+            with pytest.raises(UpstreamConnectError):
+                await client.get(dead, "/health", 5.0)
+            assert not await client.abort(dead, "rid-2")
+    finally:
+        await client.aclose()
