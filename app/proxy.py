@@ -268,8 +268,7 @@ class Proxy:
                 response = await self._client.open(
                     worker, job.request.route.value, body, job.headers
                 )
-                sup.receiving = True
-                sup.last_rx = self._clock()
+                sup.headers_received()
                 job.tally = tally = Tally(worker=worker)
                 expose = self._settings.expose_accept_length
                 if job.request.stream:

@@ -3,20 +3,22 @@
 ``Downstream`` sends the response: SSE headers on the first byte, body chunks as they come, a JSON
 error (any status) while nothing was sent, or an SSE error event + ``[DONE]`` once it was.
 
-``Supervisor`` is one helper task per request that does everything time- or disconnect-driven, so
-the relay loop itself carries no per-chunk timers: it notices the client going away (ASGI
-``http.disconnect``), sends ``: keep-alive`` after ``keepalive_s`` of silence on a stream, and
-enforces the first-byte / idle / total deadlines. When the client goes away or a deadline passes
-it records why in ``reason`` and cancels the request task; the proxy turns that into cleanup
-(close upstream) or a 504. Both first run ``abort_attempt`` (the proxy's abort of the running
-attempt on its worker), so the worker is told before the upstream connection drops.
+``Supervisor`` does, per request, everything time- or disconnect-driven (with one timer and a
+pending ``receive()``, no task of its own), so the relay itself carries no per-chunk timers: it
+notices the client going away (ASGI ``http.disconnect``), sends ``: keep-alive`` after
+``keepalive_s`` of silence on a stream, and enforces the first-byte / idle / total deadlines.
+When the client goes away or a deadline passes it records why in ``reason`` and cancels the
+request task; the proxy turns that into cleanup (close upstream) or a 504. Both first run
+``abort_attempt`` (the proxy's abort of the running attempt on its worker), so the worker is told
+before the upstream connection drops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, MutableMapping
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
 import orjson
@@ -24,6 +26,8 @@ import orjson
 from app.config import TimeoutConfig
 from app.directbody import DirectBody
 from app.errors import SSE_DONE, GatewayError
+
+log = logging.getLogger(__name__)
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -124,7 +128,11 @@ class Downstream:
 
 
 class Supervisor:
-    """Watches one request: client disconnect, keep-alive, deadlines. See the module doc."""
+    """Watches one request: client disconnect, keep-alive, deadlines. See the module doc.
+
+    No task of its own while all is well: a pending ``receive()`` (for the disconnect) and one
+    timer (the next deadline or keep-alive), re-armed when it fires. Only the rare actions that
+    must await (an abort on the worker, a keep-alive sent through ASGI) run as a short task."""
 
     def __init__(
         self,
@@ -155,23 +163,41 @@ class Supervisor:
         # Set by the proxy while an upstream attempt runs: aborts it on its worker.
         self.abort_attempt: Callable[[], Awaitable[None]] | None = None
         self.attempt_aborted = False
-        self._runner: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._listening: asyncio.Future[Message] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._wake_at = float("inf")  # when the timer fires (clock time)
+        self._action: asyncio.Task[None] | None = None  # an abort or keep-alive under way
 
     def start(self) -> None:
-        self._runner = asyncio.get_running_loop().create_task(self._run())
+        self._listen()
+        self._arm()
 
     async def stop(self) -> None:
         self.closed = True
-        if self._runner is not None:
-            self._runner.cancel()
+        self._disarm()
+        if self._listening is not None:
+            self._listening.cancel()
+            self._listening = None
+        action, self._action = self._action, None
+        if action is not None and not action.done():
+            action.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._runner
+                await action
 
     def begin_attempt(self) -> None:
         self._attempt_start = self.last_rx = self._clock()
         self.receiving = False
         self.attempting = True
         self.attempt_aborted = False
+        self._arm()  # the first-byte deadline may be nearer than the current timer
+
+    def headers_received(self) -> None:
+        """The attempt's response has begun: the idle deadline replaces the first-byte one."""
+        self.receiving = True
+        self.last_rx = self._clock()
+        if self._next_wake() < self._wake_at:
+            self._arm()
 
     def end_attempt(self) -> None:
         self.attempting = False
@@ -180,8 +206,29 @@ class Supervisor:
     def clear(self) -> None:
         """The request task has handled a timeout trip; keep supervising."""
         self.reason = None
-        if self._runner is None or self._runner.done():
-            self.start()
+        self._arm()
+
+    # The client
+
+    def _listen(self) -> None:
+        listening = self._listening = asyncio.ensure_future(self._receive())
+        listening.add_done_callback(self._received)
+
+    def _received(self, listening: asyncio.Future[Message]) -> None:
+        if self.closed or listening.cancelled():
+            return
+        try:
+            gone = listening.result().get("type") == "http.disconnect"
+        except Exception:  # a receive that fails means the client is unreachable
+            gone = True
+        if not gone:
+            self._listen()
+            return
+        self.disconnected = True
+        self._disarm()
+        self._act(self._gone())
+
+    # Deadlines and keep-alives
 
     def _deadline(self) -> float:
         if not self.attempting:
@@ -200,12 +247,68 @@ class Supervisor:
             wake = min(wake, max(self.last_rx, self._down.last_tx) + self._keepalive_s)
         return wake
 
+    def _arm(self) -> None:
+        self._disarm()
+        if self.closed or self.disconnected or self._action is not None:
+            return
+        wake = self._wake_at = self._next_wake()
+        if wake != float("inf"):
+            self._timer = self._loop.call_later(max(0.0, wake - self._clock()), self._wake)
+
+    def _disarm(self) -> None:
+        self._wake_at = float("inf")
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _wake(self) -> None:
+        self._timer = None
+        self._wake_at = float("inf")
+        if self.closed or self._action is not None:
+            return
+        now = self._clock()
+        if now >= self._deadline():
+            self._act(self._timeout())
+        elif (
+            self._keepalive_s is not None
+            and now - max(self.last_rx, self._down.last_tx) >= self._keepalive_s
+        ):
+            self._act(self._keepalive())
+        else:
+            self._arm()  # woken early: data or a keep-alive moved the wake time on
+
+    def _act(self, action: Coroutine[Any, Any, None]) -> None:
+        task = self._action = self._loop.create_task(action)
+        task.add_done_callback(self._acted)
+
+    def _acted(self, task: asyncio.Task[None]) -> None:
+        if self._action is task:
+            self._action = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("request supervision failed", exc_info=task.exception())
+
+    async def _keepalive(self) -> None:
+        try:
+            await self._down.keepalive()
+        finally:
+            self._action = None
+        self._arm()
+
+    async def _gone(self) -> None:
+        await self._abort_then_trip(DISCONNECT)
+
+    async def _timeout(self) -> None:
+        tripped = await self._abort_then_trip(TIMEOUT)
+        self._action = None
+        if not tripped:
+            self._arm()
+
     async def _abort_then_trip(self, reason: str) -> bool:
         """Abort the running attempt on its worker, then cancel the request task."""
         abort, self.abort_attempt = self.abort_attempt, None
         if abort is not None and not self.closed:
-            # Before the request task is cancelled: cancelling it mid-request makes httpx drop
-            # the upstream connection at once, and the worker should hear "abort", not a hang-up.
+            # Before the request task is cancelled: cancelling it mid-request drops the
+            # upstream connection at once, and the worker should hear "abort", not a hang-up.
             self.attempt_aborted = True
             await abort()
             if reason == TIMEOUT and not self.attempting:
@@ -217,33 +320,3 @@ class Supervisor:
         if not self.closed and self.reason is None:
             self.reason = reason
             self._task.cancel()
-
-    async def _run(self) -> None:
-        receiving: asyncio.Future[Message] = asyncio.ensure_future(self._receive())
-        try:
-            while True:
-                delay = self._next_wake() - self._clock()
-                if delay > 0:
-                    await asyncio.wait(
-                        (receiving,), timeout=None if delay == float("inf") else delay
-                    )
-                if receiving.done():
-                    try:
-                        gone = receiving.result().get("type") == "http.disconnect"
-                    except Exception:  # a receive that fails means the client is unreachable
-                        gone = True
-                    if gone:
-                        self.disconnected = True
-                        await self._abort_then_trip(DISCONNECT)
-                        return
-                    receiving = asyncio.ensure_future(self._receive())
-                    continue
-                now = self._clock()
-                if now >= self._deadline() and await self._abort_then_trip(TIMEOUT):
-                    return
-                if self._keepalive_s is not None:
-                    quiet = now - max(self.last_rx, self._down.last_tx)
-                    if quiet >= self._keepalive_s and not self.closed:
-                        await self._down.keepalive()
-        finally:
-            receiving.cancel()

@@ -83,6 +83,9 @@ class FakeWorker:
         if path == "/abort_request":
             self.aborted.append(orjson.loads(request.content)["rid"])
             return httpx.Response(200)
+        if path == "/v1/loads":
+            rank = {"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}
+            return httpx.Response(200, json={"loads": [rank]})
         body = orjson.loads(await request.aread())
         self.requests.append(body)
         self.headers.append(request.headers)
