@@ -28,7 +28,7 @@ import bisect
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -182,6 +182,7 @@ class Metrics:
         self._models: set[str] = set()
         self._workers: set[str] = set()
         self._windows: dict[str, TokenWindow] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry
 
         def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
@@ -347,6 +348,16 @@ class Metrics:
             self._model_worker(model, worker)
         return model
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: prometheus_client's ``labels`` takes a
+        lock and rebuilds the label tuple on every call, and a request records a dozen series.
+        (Only for series never removed: counters and histograms.)"""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def _model_worker(self, model: str, worker: str) -> None:
         for counter in (
             self.prompt_tokens,
@@ -402,9 +413,9 @@ class Metrics:
     ) -> None:
         label = self._model(model)
         code = str(status) if 100 <= status <= 599 else OTHER
-        self.requests.labels(route, label, code).inc()
+        self._child(self.requests, route, label, code).inc()
         if duration_s is not None:
-            self.request_duration.labels(route, label).observe(duration_s)
+            self._child(self.request_duration, route, label).observe(duration_s)
 
     def record_tokens(
         self,
@@ -423,19 +434,19 @@ class Metrics:
         label = self._model(model)
         self.add_worker(worker)
         if prompt:
-            self.prompt_tokens.labels(label, worker).inc(prompt)
+            self._child(self.prompt_tokens, label, worker).inc(prompt)
         if reasoning:
-            self.reasoning_tokens.labels(label, worker).inc(reasoning)
+            self._child(self.reasoning_tokens, label, worker).inc(reasoning)
         if not completion:
             return
-        self.completion_tokens.labels(label, worker).inc(completion)
+        self._child(self.completion_tokens, label, worker).inc(completion)
         window = self._windows.get(label)
         if window is not None:
             window.add(self._clock(), completion)
         if verify_steps:
-            self.verify_steps.labels(label, worker).inc(verify_steps)
+            self._child(self.verify_steps, label, worker).inc(verify_steps)
             if source in SOURCES:
-                self.accept_length.labels(label, source).observe(completion / verify_steps)
+                self._child(self.accept_length, label, source).observe(completion / verify_steps)
 
     def record_stream_timing(
         self,
@@ -449,34 +460,34 @@ class Metrics:
         """A committed stream: time to first token, the gaps between the chunks relayed after the
         first (``chunk_times``, clock readings), time per output token."""
         label = self._model(model)
-        self.ttft.labels(label).observe(ttft_s)
+        self._child(self.ttft, label).observe(ttft_s)
         if not chunk_times:
             return
-        observe_gaps(self.inter_chunk.labels(label), first_at, chunk_times)
+        observe_gaps(self._child(self.inter_chunk, label), first_at, chunk_times)
         if completion_tokens and completion_tokens > 1:
             tpot = (chunk_times[-1] - first_at) / (completion_tokens - 1)
-            self.tpot.labels(label).observe(tpot)
+            self._child(self.tpot, label).observe(tpot)
 
     def record_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
 
     def record_attempt(self, worker: str, outcome: str) -> None:
-        self.upstream_attempts.labels(worker, outcome).inc()
+        self._child(self.upstream_attempts, worker, outcome).inc()
 
     def record_retry(self, reason: str) -> None:
-        self.retries.labels(reason if reason in RETRY_REASONS else OTHER).inc()
+        self._child(self.retries, reason if reason in RETRY_REASONS else OTHER).inc()
 
     def record_abort(self) -> None:
         self.aborts_sent.inc()
 
     def record_stream(self, outcome: str) -> None:
-        self.stream_outcomes.labels(outcome if outcome in STREAM_OUTCOMES else OTHER).inc()
+        self._child(self.stream_outcomes, outcome if outcome in STREAM_OUTCOMES else OTHER).inc()
 
     def record_key_request(self, name: str) -> None:
-        self.key_requests.labels(name).inc()
+        self._child(self.key_requests, name).inc()
 
     def record_key_tokens(self, name: str, completion_tokens: int) -> None:
-        self.key_completion_tokens.labels(name).inc(completion_tokens)
+        self._child(self.key_completion_tokens, name).inc(completion_tokens)
 
     # -- when scraped -------------------------------------------------------------------------
 
