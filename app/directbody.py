@@ -10,11 +10,13 @@ still go through ``send``.
 
 The gateway's server protocol (``app.httpguard``) offers this per request as the ASGI scope
 extension ``EXTENSION``; under any other server (or an in-process test client) it is absent and
-the relay uses ``send``.
+the relay uses ``send``. It also tells the request when its client's connection is lost
+(``watch``), so the proxy's supervisor needs no task waiting on ``receive()`` for that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 EXTENSION = "dflash.direct_body"
@@ -23,12 +25,31 @@ EXTENSION = "dflash.direct_body"
 class DirectBody:
     """Chunked body writes on one request's connection (``cycle``: uvicorn's request cycle)."""
 
-    __slots__ = ("_cycle", "_flow", "_transport")
+    __slots__ = ("_cycle", "_flow", "_on_gone", "_transport")
 
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
         self._transport = cycle.transport
         self._flow = cycle.flow
+        self._on_gone: Callable[[], None] | None = None
+
+    def watch(self, on_gone: Callable[[], None]) -> None:
+        """Call ``on_gone`` (once) when the client's connection is lost: what a pending ASGI
+        ``receive()`` would report as ``http.disconnect``, without a task waiting on it. At once
+        if it is lost already; ``unwatch`` cancels."""
+        if self._cycle.disconnected:
+            on_gone()
+        else:
+            self._on_gone = on_gone
+
+    def unwatch(self) -> None:
+        self._on_gone = None
+
+    def gone(self) -> None:
+        """The server protocol's report: the connection was lost."""
+        on_gone, self._on_gone = self._on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     def ready(self) -> bool:
         """The response started with chunked framing and has not ended: writes may begin."""
@@ -39,6 +60,9 @@ class DirectBody:
             and not cycle.response_complete
             and cycle.scope["method"] != "HEAD"
         )
+
+    def complete(self) -> bool:
+        return bool(self._cycle.response_complete)
 
     def write(self, data: bytes) -> bool:
         """Write one body chunk. Returns True when the client is behind (the connection's write

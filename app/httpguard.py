@@ -57,6 +57,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._guard: asyncio.TimerHandle | None = None
         self._header_bytes = 0
         self._begun = False  # a request's first byte arrived and its headers are not complete
+        self._directs: list[DirectBody] = []  # told when the connection is lost
 
     # Timer plumbing
     def _arm(self, delay: float, callback: Any) -> None:
@@ -76,6 +77,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        for direct in self._directs:
+            direct.gone()
+        self._directs = []
 
     def send_400_response(self, msg: str) -> None:
         # httptools reports an exception raised in a callback as a parse error, answered 400.
@@ -107,8 +111,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # not an upgrade
             # The relay's lane around ASGI send for stream chunks (app.directbody).
+            direct = DirectBody(cycle)
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-            extensions[EXTENSION] = DirectBody(cycle)
+            extensions[EXTENSION] = direct
+            # Requests on this connection still answering (more than one only when pipelined).
+            self._directs = [d for d in self._directs if not d.complete()]
+            self._directs.append(direct)
         self._arm(self.limits.body_s, self._body_too_slow)
 
     def on_message_complete(self) -> None:

@@ -40,7 +40,7 @@ TIMEOUT = "timeout"
 
 
 class Downstream:
-    __slots__ = ("_direct", "_request_id", "_send", "clock", "last_tx", "started", "stream")
+    __slots__ = ("_request_id", "_send", "clock", "direct_lane", "last_tx", "started", "stream")
 
     def __init__(
         self,
@@ -52,7 +52,7 @@ class Downstream:
         direct: DirectBody | None = None,
     ) -> None:
         self._send = send
-        self._direct = direct  # the server's lane around send for body chunks, if it has one
+        self.direct_lane = direct  # the server's lane around send (app.directbody), if any
         self._request_id = request_id.encode("latin-1")
         self.stream = stream
         self.clock = clock
@@ -62,7 +62,7 @@ class Downstream:
     def direct(self) -> DirectBody | None:
         """Where stream chunks may be written without ``send`` from now on (``app.directbody``);
         None if the server offers no such lane or the response is not a started stream."""
-        direct = self._direct
+        direct = self.direct_lane
         return direct if direct is not None and self.started and direct.ready() else None
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -170,12 +170,18 @@ class Supervisor:
         self._action: asyncio.Task[None] | None = None  # an abort or keep-alive under way
 
     def start(self) -> None:
-        self._listen()
+        direct = self._down.direct_lane
+        if direct is not None:
+            direct.watch(self._gone_now)  # the server tells us; no receive() task needed
+        else:
+            self._listen()
         self._arm()
 
     async def stop(self) -> None:
         self.closed = True
         self._disarm()
+        if self._down.direct_lane is not None:
+            self._down.direct_lane.unwatch()
         if self._listening is not None:
             self._listening.cancel()
             self._listening = None
@@ -223,6 +229,11 @@ class Supervisor:
             gone = True
         if not gone:
             self._listen()
+            return
+        self._gone_now()
+
+    def _gone_now(self) -> None:
+        if self.closed or self.disconnected:
             return
         self.disconnected = True
         self._disarm()
