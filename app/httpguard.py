@@ -14,7 +14,8 @@ Over a limit the client gets a 408 or 431 (OpenAI-shaped JSON, ``Connection: clo
 answered yet, and the connection is closed; a response already under way is left to finish. A
 connection on which no request began is closed without an answer (a client that opened it early
 must not read a 408 as the answer to the request it sends later). The cost is one timer per
-request phase (``loop.call_later``), nothing per body chunk.
+request phase left unfinished by a read (``loop.call_at``; none for a request that arrives whole),
+nothing per body chunk.
 
 The protocol also offers each request the ``app.directbody`` extension (stream chunks written
 without ASGI ``send``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,16 +57,30 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._guard: asyncio.TimerHandle | None = None
+        # The current phase's deadline (loop time) and what to do then; the timer is (re)armed
+        # only after a read that leaves a phase unfinished, so a request that arrives whole in
+        # one read costs no timer at all.
+        self._want: tuple[float, Callable[[], None]] | None = None
+        self._armed: tuple[float, Callable[[], None]] | None = None
         self._header_bytes = 0
         self._begun = False  # a request's first byte arrived and its headers are not complete
         self._directs: list[DirectBody] = []  # told when the connection is lost
 
     # Timer plumbing
-    def _arm(self, delay: float, callback: Any) -> None:
+    def _expect(self, delay: float, callback: Callable[[], None]) -> None:
+        self._want = (self.loop.time() + delay, callback)
+
+    def _sync(self) -> None:
+        want = self._want
+        if want is self._armed:
+            return
         self._disarm()
-        self._guard = self.loop.call_later(delay, callback)
+        if want is not None:
+            self._guard = self.loop.call_at(want[0], want[1])
+            self._armed = want
 
     def _disarm(self) -> None:
+        self._armed = None
         if self._guard is not None:
             self._guard.cancel()
             self._guard = None
@@ -72,9 +88,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # Connection and parser callbacks
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm(self.limits.header_s, self._headers_too_slow)
+        self._expect(self.limits.header_s, self._headers_too_slow)
+        self._sync()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._sync()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._want = None
         self._disarm()
         super().connection_lost(exc)
         for direct in self._directs:
@@ -93,8 +115,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._header_bytes = 0
         self._begun = True
-        if self._guard is None:  # a kept-alive connection's next request
-            self._arm(self.limits.header_s, self._headers_too_slow)
+        if self._want is None:  # a kept-alive connection's next request
+            self._expect(self.limits.header_s, self._headers_too_slow)
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url))
@@ -105,7 +127,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._disarm()
         self._begun = False
         super().on_headers_complete()
         cycle = self.cycle
@@ -117,10 +138,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # Requests on this connection still answering (more than one only when pipelined).
             self._directs = [d for d in self._directs if not d.complete()]
             self._directs.append(direct)
-        self._arm(self.limits.body_s, self._body_too_slow)
+        self._expect(self.limits.body_s, self._body_too_slow)
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._want = None
         super().on_message_complete()
 
     def _count(self, size: int) -> None:
@@ -130,7 +151,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # Limits
     def _headers_too_slow(self) -> None:
-        self._guard = None
+        self._guard = self._armed = self._want = None
         if not self._begun:  # idle: nothing to answer
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.close()
@@ -138,7 +159,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(RequestTimeout("the request headers were not received in time"))
 
     def _body_too_slow(self) -> None:
-        self._guard = None
+        self._guard = self._armed = self._want = None
         self._refuse(RequestTimeout("the request body was not received in time"))
 
     def _refuse(self, error: GatewayError) -> None:

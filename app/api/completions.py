@@ -20,7 +20,6 @@ import logging
 from typing import Any
 
 import orjson
-from starlette.datastructures import Headers
 
 from app.accesslog import AccessRecord
 from app.api.deps import Gateway
@@ -36,27 +35,32 @@ from app.errors import (
 )
 from app.protocol import ParsedRequest, Route, parse_request
 from app.proxy import Job
-from app.routing.keys import routing_key
+from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 from app.streaming import Receive, Send
-from app.upstream.client import forwardable_headers
+from app.upstream.client import client_headers
 
 log = logging.getLogger(__name__)
 
 ROUTES = {route.value: route for route in Route}
+_SESSION = SESSION_HEADER.encode("ascii")
+_READ = frozenset({b"authorization", b"content-length", _SESSION})
 
 
 async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: Send) -> None:
     """Answer one completion request (see the module doc)."""
     started = gw.proxy.now()
     request_id = request_id_of(scope)
-    headers = Headers(scope=scope)
+    read, forwarded = client_headers(scope["headers"], _READ)
     key: str | None = None
     slot: contextlib.AsyncExitStack | None = None
     try:
-        key = key_name(headers.get("authorization"), gw)
+        authorization = read.get(b"authorization")
+        key = key_name(authorization.decode("latin-1") if authorization else None, gw)
         slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
-        raw = await read_body(receive, headers, gw.settings.limits.max_body_bytes)
+        raw = await read_body(
+            receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
+        )
         parsed = parse_request(
             raw, route, limits=gw.settings.limits, aliases=gw.settings.model_aliases
         )
@@ -70,9 +74,12 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
         gw.metrics.record_request(route.value, "other", exc.status)
         await send_error(send, exc, request_id)
         return
-    forwarded = [(k, v) for k, v in forwardable_headers(scope["headers"]) if k != b"x-request-id"]
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
-    ctx = RoutingContext(parsed.served_model, routing_key(headers, parsed.body))
+    session = read.get(_SESSION)
+    ctx = RoutingContext(
+        parsed.served_model,
+        routing_key(parsed.body, session.decode("latin-1") if session else None),
+    )
     record = AccessRecord(request_id, route.value, parsed.served_model, parsed.stream, key=key)
     job = Job(parsed, forwarded, request_id, ctx, record, started)
     try:
@@ -85,9 +92,9 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
             gw.metrics.record_key_tokens(key, record.completion_tokens)
 
 
-async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes."""
-    declared = headers.get("content-length")
+async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
+    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes
+    (``declared``: its Content-Length, if any)."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is larger than {limit} bytes")
     parts: list[bytes] = []

@@ -14,8 +14,7 @@ SESSION_HEADER = "x-session-id"
 _MAX_KEY_CHARS = 256
 
 
-def routing_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
-    session = headers.get(SESSION_HEADER)
+def routing_key(body: Mapping[str, Any], session: str | None = None) -> str | None:
     if session:
         return "s:" + session[:_MAX_KEY_CHARS]
     user = body.get("user")

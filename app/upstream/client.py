@@ -31,7 +31,8 @@ from app.upstream.transport import WorkerTransport
 from app.workers.worker import Worker
 
 # Never forwarded to a worker (CONTRACTS.md): credentials, Host/Content-Length (set by the client
-# library), hop-by-hop headers (RFC 9110 §7.6.1), and encodings we would have to undo.
+# library), hop-by-hop headers (RFC 9110 §7.6.1), encodings we would have to undo, and the
+# client's X-Request-Id (replaced by the gateway's).
 _DROP = frozenset(
     {
         b"authorization",
@@ -51,6 +52,7 @@ _DROP = frozenset(
         b"upgrade",
         b"accept-encoding",
         b"expect",
+        b"x-request-id",
     }
 )
 _MAX_ERROR_BODY = 64 * 1024
@@ -73,14 +75,28 @@ class UpstreamResponse(Protocol):
     async def aclose(self) -> None: ...
 
 
-def forwardable_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The client's end-to-end headers (ASGI raw form) that may go to a worker."""
-    headers = [(name.lower(), value) for name, value in raw]
-    drop: frozenset[bytes] | set[bytes] = _DROP
-    for name, value in headers:
-        if name == b"connection":  # headers it names are hop-by-hop too
-            drop = drop | {v.strip().lower() for v in value.split(b",")}
-    return [(n, v) for n, v in headers if n not in drop]
+def client_headers(
+    raw: Iterable[tuple[bytes, bytes]], read: frozenset[bytes] = frozenset()
+) -> tuple[dict[bytes, bytes], list[tuple[bytes, bytes]]]:
+    """One pass over a client's headers (ASGI raw form): the values of those named in ``read``
+    (lower-case; the last of repeated ones wins) and the end-to-end ones that may go to a worker.
+    X-Request-Id is not among those: the gateway sends its own (the client's, if sane)."""
+    picked: dict[bytes, bytes] = {}
+    forward: list[tuple[bytes, bytes]] = []
+    connection = None
+    for name, value in raw:
+        name = name.lower()
+        if name in read:
+            picked[name] = value
+        if name in _DROP:
+            if name == b"connection":
+                connection = value
+        else:
+            forward.append((name, value))
+    if connection is not None:  # the headers it names are hop-by-hop too
+        named = {token.strip().lower() for token in connection.split(b",")}
+        forward = [(name, value) for name, value in forward if name not in named]
+    return picked, forward
 
 
 class UpstreamClient:

@@ -15,12 +15,12 @@ def _turns(n: int) -> list[dict[str, str]]:
 
 def test_session_header_wins_over_user_and_conversation() -> None:
     body = {"user": "alice", "messages": _turns(1)}
-    assert routing_key({"x-session-id": "abc"}, body) == "s:abc"
-    assert routing_key({}, body) == "u:alice"
+    assert routing_key(body, session="abc") == "s:abc"
+    assert routing_key(body) == "u:alice"
 
 
 def test_every_turn_of_a_conversation_shares_a_key() -> None:
-    keys = {routing_key({}, {"messages": _turns(n)}) for n in range(1, 6)}
+    keys = {routing_key({"messages": _turns(n)}) for n in range(1, 6)}
     assert len(keys) == 1
     assert keys.pop() is not None
 
@@ -28,14 +28,14 @@ def test_every_turn_of_a_conversation_shares_a_key() -> None:
 def test_different_conversations_get_different_keys() -> None:
     one = {"messages": [SYSTEM, {"role": "user", "content": "a"}]}
     two = {"messages": [SYSTEM, {"role": "user", "content": "b"}]}
-    assert routing_key({}, one) != routing_key({}, two)
+    assert routing_key(one) != routing_key(two)
 
 
 def test_completions_prompt_and_unusable_bodies() -> None:
-    assert routing_key({}, {"prompt": "Once upon a time"}) is not None
-    assert routing_key({}, {"messages": "nonsense"}) is None
-    assert routing_key({}, {"messages": ["not a dict"]}) is None
-    assert routing_key({}, {}) is None
+    assert routing_key({"prompt": "Once upon a time"}) is not None
+    assert routing_key({"messages": "nonsense"}) is None
+    assert routing_key({"messages": ["not a dict"]}) is None
+    assert routing_key({}) is None
 
 
 def test_keys_are_bounded_in_length() -> None:
