@@ -94,6 +94,10 @@ class TimeoutConfig(_Section):
     # An idle client connection is kept this long: longer than client pools and load balancers
     # keep theirs (httpx 5 s, ALB 60 s), so a reused connection is never closed under a request.
     client_keepalive_s: float = Field(75.0, gt=0)
+    # An idle connection to a worker is reused for this long, then closed. Keep it under the
+    # worker's own idle timeout (SGLang: uvicorn's 5 s), or a request may be sent on a connection
+    # the worker is closing at that moment.
+    worker_keepalive_s: float = Field(4.0, gt=0)
 
 
 class LimitsConfig(_Section):

@@ -24,7 +24,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -37,29 +36,6 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.2
 _YOUNG_S = 10.0  # a process that dies younger than this backs off before its restart
 _MAX_BACKOFF_S = 30.0
-
-
-def listen_shared(host: str, port: int, count: int) -> list[socket.socket]:
-    """``count`` listening sockets on one address (``SO_REUSEPORT``); port 0 picks one."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            # Accepted connections inherit it: every SSE event leaves at once.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((host, port))
-            port = sock.getsockname()[1]
-            sock.listen(2048)
-            sock.setblocking(False)
-    except OSError:
-        for sock in socks:
-            sock.close()
-        raise
-    return socks
 
 
 @dataclass(slots=True)

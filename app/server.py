@@ -29,21 +29,10 @@ from app.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.httpguard import GuardLimits, guarded_protocol
 from app.main import create_app
 from app.metricsport import MetricsServer
-from app.processes import ProcessGroup, listen_shared
+from app.processes import ProcessGroup
+from app.sockets import listen, listen_shared
 
 log = logging.getLogger(__name__)
-
-
-def listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit it (uvloop sets it too): every SSE event leaves at once.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 def curl_example(base_url: str, model: str) -> str:

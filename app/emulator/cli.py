@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
 from pathlib import Path
 
 from app.emulator.asgi import ConnectionDrop
@@ -17,6 +16,7 @@ from app.emulator.engine import Timing
 from app.emulator.faults import Faults
 from app.emulator.profiles import PROFILE_NAMES
 from app.emulator.worker import DEFAULT_MODEL, DEFAULT_PORT, EmulatorConfig
+from app.sockets import listen
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -142,17 +142,6 @@ class _DropFilter(logging.Filter):
         return not isinstance(exc, ConnectionDrop | asyncio.CancelledError)
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -179,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     try:
-        sock = listen_socket(config.host, config.port)
+        sock = listen(config.host, config.port)
     except OSError as exc:
         print(f"dflash-gateway emulate: cannot bind {config.host}:{config.port}: {exc}", flush=True)
         return 1

@@ -116,8 +116,10 @@ class UpstreamClient:
         self._targets: dict[str, tuple[str, int, bytes]] = {}
         self._wire: Http1Client | None = None
         if transport is None:
-            self._wire = Http1Client(connect_s=t.connect_s)
-            transport = WorkerTransport(max_keepalive_connections=64, keepalive_expiry=4.0)
+            self._wire = Http1Client(connect_s=t.connect_s, keepalive_s=t.worker_keepalive_s)
+            transport = WorkerTransport(
+                max_keepalive_connections=64, keepalive_expiry=t.worker_keepalive_s
+            )
         self._transport = transport
         self._client = httpx.AsyncClient(
             transport=transport, timeout=self._timeout, headers=base_headers, trust_env=False

@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from app.__main__ import build_parser
-from app.emulator.cli import config_from_args, listen_socket
+from app.emulator.cli import config_from_args
+from app.sockets import listen
 
 
 def test_defaults() -> None:
@@ -47,7 +48,7 @@ def test_invalid_values_are_refused() -> None:
 
 
 def test_accepted_connections_have_tcp_nodelay() -> None:
-    server = listen_socket("127.0.0.1", 0)
+    server = listen("127.0.0.1", 0)
     server.setblocking(True)
     try:
         with socket.create_connection(server.getsockname()):
