@@ -33,7 +33,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import NoReturn, cast
 
 import httptools
 import httpx
@@ -273,9 +273,7 @@ class Http1Response:
             if conn.complete:
                 break
             if conn.error is not None:
-                error = conn.error
-                self._drop()
-                raise error
+                self._fail(conn.error)
             await self._wait(conn)
         self._finish()
         raise StopAsyncIteration
@@ -307,9 +305,7 @@ class Http1Response:
                 if conn.complete:
                     break
                 if conn.error is not None:
-                    error = conn.error
-                    self._drop()
-                    raise error
+                    self._fail(conn.error)
                 if not conn.paused:
                     await self._wait(conn)
         except BaseException:
@@ -346,6 +342,10 @@ class Http1Response:
             self._client.release(conn)
         else:
             conn.close()
+
+    def _fail(self, error: BaseException) -> NoReturn:
+        self._drop()
+        raise error
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

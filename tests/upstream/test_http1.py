@@ -384,37 +384,47 @@ async def test_cancelled_while_waiting_for_headers(serve: Start, client: Http1Cl
     assert client.idle_connections("127.0.0.1", server.port) == 0
 
 
+PIECE = bytes(range(256)) * 256  # 64 KiB
+
+
+class Flood:
+    """A server that sends ``total`` bytes of ``PIECE`` as fast as its peer reads them, and
+    notes when its peer has stopped reading (its own buffer past 4 MiB: the kernel's are full)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.sent = 0
+        self.blocked = asyncio.Event()
+
+    def __call__(self, server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.transport.set_write_buffer_limits(high=8 * 1024 * 1024)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % self.total)
+            while self.sent < self.total:
+                writer.write(PIECE)
+                self.sent += len(PIECE)
+                if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024:
+                    self.blocked.set()
+                await writer.drain()
+
+        return handle
+
+
 async def test_slow_reader_backpressure_bounds_memory(serve: Start, client: Http1Client) -> None:
     """A reader that stops reading stops the socket being read: the server's own buffer fills
     up (it cannot send everything), the client holds at most a high-water mark plus one read,
     and reading on delivers every byte in order."""
     total = 32 * 1024 * 1024
-    piece = bytes(range(256)) * 256  # 64 KiB
-    blocked = asyncio.Event()
-    sent = [0]
-
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.request(reader)
-            # Its own buffer may grow to 8 MiB; past 4 MiB the kernel's buffers are full.
-            writer.transport.set_write_buffer_limits(high=8 * 1024 * 1024)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
-            while sent[0] < total:
-                writer.write(piece)
-                sent[0] += len(piece)
-                if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024:
-                    blocked.set()  # the kernel buffers are full: the peer stopped reading
-                await writer.drain()
-
-        return handle
-
-    server = await serve(make)
+    piece = PIECE
+    flood = Flood(total)
+    server = await serve(flood)
     response = await client.request("127.0.0.1", server.port, post(server.port))
     chunks = response.aiter_raw()
     received = await chunks.__anext__()
-    await asyncio.wait_for(blocked.wait(), 30)
+    await asyncio.wait_for(flood.blocked.wait(), 30)
     assert response.buffered <= HIGH_WATER + 256 * 1024
-    assert sent[0] < total
+    assert flood.sent < total
     got = len(received)
     ok = received == (piece * (len(received) // len(piece) + 1))[: len(received)]
     async for part in chunks:
@@ -457,25 +467,8 @@ async def test_pump_pauses_reading_while_the_consumer_is_behind(
     """A sink that reports its consumer behind stops the socket being read until drain()
     returns; every byte still arrives, in order, and nothing piles up in the gateway."""
     total = 16 * 1024 * 1024
-    piece = bytes(range(256)) * 256  # 64 KiB
-    blocked = asyncio.Event()
-    sent = [0]
-
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await server.request(reader)
-            writer.transport.set_write_buffer_limits(high=8 * 1024 * 1024)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
-            while sent[0] < total:
-                writer.write(piece)
-                sent[0] += len(piece)
-                if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024:
-                    blocked.set()  # the kernel buffers are full: the peer stopped reading
-                await writer.drain()
-
-        return handle
-
-    server = await serve(make)
+    flood = Flood(total)
+    server = await serve(flood)
     response = await client.request("127.0.0.1", server.port, post(server.port))
     received = bytearray()
     behind = [True]  # the consumer starts out behind and catches up only when told
@@ -491,15 +484,15 @@ async def test_pump_pauses_reading_while_the_consumer_is_behind(
         await caught_up.wait()
 
     pumping = asyncio.create_task(response.pump(sink, drain))
-    await asyncio.wait_for(blocked.wait(), 30)
-    assert sent[0] < total
+    await asyncio.wait_for(flood.blocked.wait(), 30)
+    assert flood.sent < total
     assert len(received) <= 1024 * 1024  # one read at most: the socket was not read on
     behind[0] = False
     caught_up.set()
     await asyncio.wait_for(pumping, 30)
     assert drains[0] == 1
     assert len(received) == total
-    assert bytes(received) == (piece * (total // len(piece)))
+    assert bytes(received) == PIECE * (total // len(PIECE))
 
 
 async def test_pump_raises_a_connection_dropped_mid_body(serve: Start, client: Http1Client) -> None:
