@@ -117,14 +117,23 @@ class Downstream:
             await self.chunk(error.to_sse() + SSE_DONE)
             await self.end()
             return
-        body = orjson.dumps(error.body())
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
-        await self._start(error.status, headers)
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        self.started = True
+        await send_error(self._send, error, self._request_id)
+
+
+async def send_error(send: Send, error: GatewayError, request_id: bytes) -> None:
+    """``error`` as a whole JSON response (OpenAI shape), with its own headers (Retry-After)."""
+    body = orjson.dumps(error.body())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"x-request-id", request_id),
+    ]
+    headers += [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers().items()
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class Supervisor:

@@ -251,3 +251,19 @@ async def test_total_time_limit_ends_a_long_stream_with_an_error_event() -> None
     evs = events(ex.body)
     assert evs[-1] == SSE_DONE
     assert orjson.loads(evs[-2][6:])["error"]["code"] == "upstream_timeout"
+
+
+def test_every_connection_header_names_hop_by_hop_headers() -> None:
+    from app.upstream.client import client_headers
+
+    raw = [
+        (b"Connection", b"keep-alive, X-Hop"),
+        (b"connection", b"X-Other"),
+        (b"X-Hop", b"1"),
+        (b"x-other", b"2"),
+        (b"X-Session-Id", b"s1"),
+        (b"traceparent", b"00-1-2-01"),
+    ]
+    read, forward = client_headers(raw, frozenset({b"x-session-id"}))
+    assert read == {b"x-session-id": b"s1"}
+    assert forward == [(b"x-session-id", b"s1"), (b"traceparent", b"00-1-2-01")]

@@ -19,8 +19,6 @@ import contextlib
 import logging
 from typing import Any
 
-import orjson
-
 from app.accesslog import AccessRecord
 from app.api.deps import Gateway
 from app.api.request_id import request_id_of
@@ -37,7 +35,7 @@ from app.protocol import ParsedRequest, Route, parse_request
 from app.proxy import Job
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
-from app.streaming import Receive, Send
+from app.streaming import Receive, Send, send_error
 from app.upstream.client import client_headers
 
 log = logging.getLogger(__name__)
@@ -72,7 +70,7 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")
         gw.metrics.record_request(route.value, "other", exc.status)
-        await send_error(send, exc, request_id)
+        await send_error(send, exc, request_id.encode("ascii"))
         return
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
     session = read.get(_SESSION)
@@ -131,17 +129,3 @@ def check_model(gw: Gateway, parsed: ParsedRequest) -> None:
             retry_after=gw.settings.admission.retry_after_s,
         )
     raise ModelNotFound(f"The model `{parsed.model}` does not exist.", param="model")
-
-
-async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
-    body = orjson.dumps(error.body())
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(body)),
-        (b"x-request-id", request_id.encode("ascii")),
-    ]
-    headers += [
-        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers().items()
-    ]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -83,18 +83,17 @@ def client_headers(
     X-Request-Id is not among those: the gateway sends its own (the client's, if sane)."""
     picked: dict[bytes, bytes] = {}
     forward: list[tuple[bytes, bytes]] = []
-    connection = None
+    named: set[bytes] = set()  # the headers Connection names are hop-by-hop too
     for name, value in raw:
         name = name.lower()
         if name in read:
             picked[name] = value
         if name in _DROP:
             if name == b"connection":
-                connection = value
+                named.update(token.strip().lower() for token in value.split(b","))
         else:
             forward.append((name, value))
-    if connection is not None:  # the headers it names are hop-by-hop too
-        named = {token.strip().lower() for token in connection.split(b",")}
+    if named:
         forward = [(name, value) for name, value in forward if name not in named]
     return picked, forward
 
