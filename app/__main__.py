@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run_serve(settings: Settings, metrics_dir: Path | None) -> int:
-    from app.server import serve
+    from app.server.run import serve
 
     return serve(settings, metrics_dir=metrics_dir)
 

@@ -17,18 +17,19 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
-from app.api import completions, openai, ops
-from app.api.deps import Gateway
+from app.api import openai, ops
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
 from app.auth import KeyStore
 from app.config import Settings
 from app.errors import install_handlers
+from app.gateway import Gateway
 from app.limits import make_limiter
 from app.metrics import Metrics
-from app.proxy import Proxy
+from app.proxy import ingress
+from app.proxy.downstream import Receive, Send
+from app.proxy.forward import Proxy
 from app.routing.policies import make_policy
-from app.streaming import Receive, Send
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
@@ -39,16 +40,16 @@ log = logging.getLogger(__name__)
 
 class GatewayApp(FastAPI):
     """FastAPI, with POSTs to the two completion routes served before its middleware, routing and
-    dependency injection (``app.api.completions``), unless CORS is on (then FastAPI routes them,
+    dependency injection (``app.proxy.ingress``), unless CORS is on (then FastAPI routes them,
     to the same handler, so ``CORSMiddleware`` sees them)."""
 
     lane = True
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if self.lane and scope["type"] == "http" and scope["method"] == "POST":
-            route = completions.ROUTES.get(scope["path"])
+            route = ingress.ROUTES.get(scope["path"])
             if route is not None:
-                await completions.serve(self.state.gateway, route, scope, receive, send)
+                await ingress.serve(self.state.gateway, route, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 

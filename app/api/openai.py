@@ -1,6 +1,6 @@
 """The OpenAI surface as FastAPI sees it: ``/v1/models``, and the two completion routes declared
 for ``/openapi.json``, 405s and the CORS case; ``GatewayApp`` serves POSTs to those two itself
-before routing (``app.api.completions``)."""
+before routing (``app.proxy.ingress``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.api import completions as lane
-from app.api.deps import Gateway, GatewayDep
+from app.api.deps import GatewayDep
 from app.api.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -19,14 +18,16 @@ from app.api.schema import (
     request_body,
 )
 from app.api.security import ClientKey
-from app.protocol import Route
-from app.streaming import Receive, Send
+from app.gateway import Gateway
+from app.proxy import ingress as lane
+from app.proxy.downstream import Receive, Send
+from app.proxy.request import Route
 
 router = APIRouter()
 
 
 class CompletionResponse(Response):
-    """A completion request routed by FastAPI, answered by ``app.api.completions.serve``."""
+    """A completion request routed by FastAPI, answered by ``app.proxy.ingress.serve``."""
 
     def __init__(self, gw: Gateway, route: Route) -> None:
         self._gw = gw

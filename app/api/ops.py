@@ -10,9 +10,10 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import JSONResponse, Response
 
-from app.api.deps import Gateway, GatewayDep
+from app.api.deps import GatewayDep
 from app.api.security import OpsKey
 from app.errors import NotFound
+from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter(include_in_schema=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from app.streaming import Message, Receive, Send
+from app.proxy.downstream import Message, Receive, Send
 
 HEADER = b"x-request-id"
 _MAX_LEN = 128

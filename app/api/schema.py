@@ -1,6 +1,6 @@
 """The public endpoints' OpenAPI document (``GET /openapi.json``), for clients and fuzzers.
 
-The handlers read request bodies themselves (``app.protocol``: one orjson parse, unknown fields
+The handlers read request bodies themselves (``app.proxy.request``: one orjson parse, unknown fields
 passed through), so these models only DOCUMENT the bodies; FastAPI never validates with them. They
 describe what the gateway itself checks, and allow every other field (``additionalProperties``),
 as the workers accept OpenAI's and SGLang's full parameter sets.

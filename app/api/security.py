@@ -6,7 +6,7 @@ OpenAI shape; ``ClientKey`` is it as a dependency (``/v1/models``; the completio
 themselves). ``OpsKey`` guards ``/metrics`` and ``/workers`` only when ``auth.protect_ops`` is
 set; probes (``/livez``, ``/readyz``, ``/health``) never need a key. ``admit`` takes the key's
 limiter slot (429 + Retry-After when over a limit) and ``release`` gives it back once the
-response has been sent (``app.api.completions``).
+response has been sent (``app.proxy.ingress``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.api.deps import Gateway
 from app.auth import bearer_token
 from app.errors import AuthenticationFailed
+from app.gateway import Gateway
 
 log = logging.getLogger(__name__)
 

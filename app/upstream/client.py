@@ -11,7 +11,7 @@ unit tests) every call goes through httpx and that transport. Either way, ``open
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -30,31 +30,6 @@ from app.upstream.http1 import Http1Client
 from app.upstream.transport import WorkerTransport
 from app.workers.worker import Worker
 
-# Never forwarded to a worker (CONTRACTS.md): credentials, Host/Content-Length (set by the client
-# library), hop-by-hop headers (RFC 9110 §7.6.1), encodings we would have to undo, and the
-# client's X-Request-Id (replaced by the gateway's).
-_DROP = frozenset(
-    {
-        b"authorization",
-        b"cookie",
-        b"host",
-        b"content-length",
-        b"content-type",
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-        b"accept-encoding",
-        b"expect",
-        b"x-request-id",
-    }
-)
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_TARGETS = 4096  # cached request heads; workers come and go under discovery
 
@@ -73,29 +48,6 @@ class UpstreamResponse(Protocol):
     async def aread(self) -> bytes: ...
 
     async def aclose(self) -> None: ...
-
-
-def client_headers(
-    raw: Iterable[tuple[bytes, bytes]], read: frozenset[bytes] = frozenset()
-) -> tuple[dict[bytes, bytes], list[tuple[bytes, bytes]]]:
-    """One pass over a client's headers (ASGI raw form): the values of those named in ``read``
-    (lower-case; the last of repeated ones wins) and the end-to-end ones that may go to a worker.
-    X-Request-Id is not among those: the gateway sends its own (the client's, if sane)."""
-    picked: dict[bytes, bytes] = {}
-    forward: list[tuple[bytes, bytes]] = []
-    named: set[bytes] = set()  # the headers Connection names are hop-by-hop too
-    for name, value in raw:
-        name = name.lower()
-        if name in read:
-            picked[name] = value
-        if name in _DROP:
-            if name == b"connection":
-                named.update(token.strip().lower() for token in value.split(b","))
-        else:
-            forward.append((name, value))
-    if named:
-        forward = [(name, value) for name, value in forward if name not in named]
-    return picked, forward
 
 
 class UpstreamClient:

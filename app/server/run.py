@@ -1,5 +1,5 @@
 """``dflash-gateway serve``: the gateway under uvicorn (uvloop + httptools, TCP_NODELAY), with
-deadlines and a size cap for request headers and bodies (``app.httpguard``).
+deadlines and a size cap for request headers and bodies (``app.server.guard``).
 
 With no worker source configured (``Settings.embedded_default``) the emulated workers are
 started first and stopped last, whatever ends the server: Ctrl-C, SIGTERM or an error.
@@ -23,14 +23,14 @@ import orjson
 import uvicorn
 
 from app.accesslog import configure_logging
-from app.api.deps import Gateway
 from app.config import Settings
-from app.embedded import EmbeddedStartError, EmbeddedWorkers
-from app.httpguard import GuardLimits, guarded_protocol
+from app.gateway import Gateway
 from app.main import create_app
-from app.metricsport import MetricsServer
-from app.processes import ProcessGroup
-from app.sockets import listen, listen_shared
+from app.server.embedded import EmbeddedStartError, EmbeddedWorkers
+from app.server.guard import GuardLimits, guarded_protocol
+from app.server.metricsport import MetricsServer
+from app.server.processes import ProcessGroup
+from app.server.sockets import listen, listen_shared
 
 log = logging.getLogger(__name__)
 

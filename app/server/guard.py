@@ -17,7 +17,7 @@ must not read a 408 as the answer to the request it sends later). The cost is on
 request phase left unfinished by a read (``loop.call_at``; none for a request that arrives whole),
 nothing per body chunk.
 
-The protocol also offers each request the ``app.directbody`` extension (stream chunks written
+The protocol also offers each request the ``app.proxy.direct`` extension (stream chunks written
 without ASGI ``send``).
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.directbody import EXTENSION, DirectBody
 from app.errors import GatewayError, HeadersTooLarge, RequestTimeout
+from app.proxy.direct import EXTENSION, DirectBody
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # not an upgrade
-            # The relay's lane around ASGI send for stream chunks (app.directbody).
+            # The relay's lane around ASGI send for stream chunks (app.proxy.direct).
             direct = DirectBody(cycle)
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[EXTENSION] = direct

@@ -5,7 +5,7 @@ import pytest
 
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
-from app.protocol import Route, parse_request
+from app.proxy.request import Route, parse_request
 
 ALIASES = {"kimi-k2.5": "moonshotai/Kimi-K2.5"}
 RID = "0123456789abcdef0123456789abcdef"

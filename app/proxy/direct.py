@@ -8,7 +8,7 @@ chunk from the upstream connection's read callback (``Http1Response.pump``): no 
 message, one ``transport.write``. The end of the body (``0\\r\\n\\r\\n``) and anything sent after it
 still go through ``send``.
 
-The gateway's server protocol (``app.httpguard``) offers this per request as the ASGI scope
+The gateway's server protocol (``app.server.guard``) offers this per request as the ASGI scope
 extension ``EXTENSION``; under any other server (or an in-process test client) it is absent and
 the relay uses ``send``. It also tells the request when its client's connection is lost
 (``watch``), so the proxy's supervisor needs no task waiting on ``receive()`` for that.

@@ -254,7 +254,7 @@ async def test_total_time_limit_ends_a_long_stream_with_an_error_event() -> None
 
 
 def test_every_connection_header_names_hop_by_hop_headers() -> None:
-    from app.upstream.client import client_headers
+    from app.proxy.headers import client_headers
 
     raw = [
         (b"Connection", b"keep-alive, X-Hop"),

@@ -5,7 +5,7 @@ This is the hot path. Per upstream chunk the stream loop does one clock read, th
 histogram, observed once at the end of the request) and one write of the very same bytes: no
 JSON, no pydantic, no timer (deadlines and keep-alives live in the request's ``Supervisor``), no
 metric update. Up to the commit point the chunks pass through the request's task and ASGI
-``send``; after it, when the server offers ``app.directbody`` and the worker connection is the
+``send``; after it, when the server offers ``app.proxy.direct`` and the worker connection is the
 gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
 straight to the client's connection, so a chunk costs no task switch at all.
 
@@ -24,8 +24,9 @@ import orjson
 
 from app.accesslog import AccessRecord
 from app.errors import UpstreamStreamBroken
-from app.protocol import ParsedRequest, Route
-from app.streaming import Downstream, Supervisor
+from app.proxy.downstream import Downstream
+from app.proxy.request import ParsedRequest, Route
+from app.proxy.supervisor import Supervisor
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.http1 import Http1Response
 from app.upstream.sse import SSEObserver, Usage, parse_usage, take_meta_info

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import uvicorn
 
-from app.api.deps import Gateway
 from app.api.ops import exposition
 from app.errors import NotFound
+from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE
 
 

@@ -1,10 +1,10 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's traffic, in plain ASGI.
 
 ``serve(gw, route, scope, receive, send)`` is the whole request: its X-Request-Id, the API key
-(401), the key's limits (429, before the body is read), the body (413 past the cap; 499 when the
-client leaves while sending it), its validation (``app.protocol``, 400), the model (404; 503 while
-no worker serves it or the gateway drains), then the proxy, which answers. Every error before the
-proxy runs is answered here in OpenAI shape.
+(401), the key's limits (429, before the body is read), the body (413 past the cap; 499 when
+the client leaves while sending it), its validation (``app.proxy.request``, 400), the model (404;
+503 while no worker serves it or the gateway drains), then the proxy, which answers. Every error
+before the proxy runs is answered here in OpenAI shape.
 
 ``GatewayApp`` (``app.main``) calls ``serve`` before FastAPI's middleware, routing and dependency
 injection, which together cost about as much CPU per request as relaying the whole answer. FastAPI
@@ -20,10 +20,8 @@ import logging
 from typing import Any
 
 from app.accesslog import AccessRecord
-from app.api.deps import Gateway
 from app.api.request_id import request_id_of
 from app.api.security import admit, key_name, release
-from app.directbody import direct_body
 from app.errors import (
     GatewayError,
     InvalidRequest,
@@ -31,12 +29,14 @@ from app.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
-from app.protocol import ParsedRequest, Route, parse_request
-from app.proxy import Job
+from app.gateway import Gateway
+from app.proxy.direct import direct_body
+from app.proxy.downstream import Receive, Send, send_error
+from app.proxy.forward import Job
+from app.proxy.headers import client_headers
+from app.proxy.request import ParsedRequest, Route, parse_request
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
-from app.streaming import Receive, Send, send_error
-from app.upstream.client import client_headers
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ async def read_body(receive: Receive, declared: bytes | None, limit: int) -> byt
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            # Gone, or cut off by the server's body deadline (app.httpguard).
+            # Gone, or cut off by the server's body deadline (app.server.guard).
             raise InvalidRequest(
                 "the client closed the connection", status=499, code="client_closed_request"
             )

@@ -19,7 +19,6 @@ from typing import Any
 
 from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
-from app.directbody import DirectBody
 from app.errors import (
     GatewayError,
     ServiceUnavailable,
@@ -30,10 +29,12 @@ from app.errors import (
     UpstreamTimeout,
 )
 from app.metrics import Metrics
-from app.protocol import ParsedRequest
-from app.relay import Tally, relay_stream, relay_whole
+from app.proxy.direct import DirectBody
+from app.proxy.downstream import Downstream, Receive, Send
+from app.proxy.relay import Tally, relay_stream, relay_whole
+from app.proxy.request import ParsedRequest
+from app.proxy.supervisor import DISCONNECT, TIMEOUT, Supervisor
 from app.routing.policies import Policy, RoutingContext
-from app.streaming import DISCONNECT, TIMEOUT, Downstream, Receive, Send, Supervisor
 from app.upstream.client import UpstreamClient, UpstreamResponse
 from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
