@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from app.outcomes import Outcome
+
 ACCESS_LOGGER = "dflash_gateway.access"
 
 
@@ -26,7 +28,7 @@ class AccessRecord:
     key: str | None = None  # the API key's name, never the key
     worker: str | None = None
     status: int = 0
-    outcome: str = "ok"
+    outcome: Outcome = Outcome.OK
     attempts: int = 0
     ttft_ms: float | None = None
     duration_ms: float | None = None

@@ -44,6 +44,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from app.outcomes import ATTEMPT_OUTCOMES, STREAM_OUTCOMES, Outcome
+
 PREFIX = "dflash_gateway_"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OTHER = "other"
@@ -51,18 +53,6 @@ ROUTES = ("/v1/chat/completions", "/v1/completions")
 MAX_MODELS = 32
 # requests_total series that exist before the first such answer (alerts divide by them).
 STATUSES = ("200", "400", "404", "429", "499", "500", "502", "503", "504")
-STREAM_OUTCOMES = (
-    "ok",
-    "client_disconnect",
-    "upstream_error",
-    "upstream_timeout",
-    "stream_broken",
-    "no_worker",
-    "no_capacity",
-    "shutdown",
-    "internal_error",
-)
-ATTEMPT_OUTCOMES = ("ok", "connect_error", "status_error", "timeout", "broken", "cancelled")
 # ``retries_total{reason}``: the error code of the failed attempt.
 RETRY_REASONS = frozenset(
     {"upstream_unavailable", "stream_interrupted", "upstream_timeout", "502", "503", "504"}
@@ -471,7 +461,7 @@ class Metrics:
     def record_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
 
-    def record_attempt(self, worker: str, outcome: str) -> None:
+    def record_attempt(self, worker: str, outcome: Outcome) -> None:
         self._child(self.upstream_attempts, worker, outcome).inc()
 
     def record_retry(self, reason: str) -> None:
@@ -480,7 +470,7 @@ class Metrics:
     def record_abort(self) -> None:
         self.aborts_sent.inc()
 
-    def record_stream(self, outcome: str) -> None:
+    def record_stream(self, outcome: Outcome) -> None:
         self._child(self.stream_outcomes, outcome if outcome in STREAM_OUTCOMES else OTHER).inc()
 
     def record_key_request(self, name: str) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from app.accesslog import AccessLog, AccessRecord
@@ -22,20 +21,20 @@ from app.config import Settings
 from app.errors import (
     GatewayError,
     ServiceUnavailable,
-    UpstreamConnectError,
     UpstreamError,
-    UpstreamStatusError,
     UpstreamStreamBroken,
     UpstreamTimeout,
 )
 from app.metrics import Metrics
+from app.outcomes import Outcome
+from app.proxy.attempt import Attempt, Ended
 from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
-from app.proxy.relay import Tally, relay_stream, relay_whole
+from app.proxy.relay import relay_stream, relay_whole
 from app.proxy.request import ParsedRequest
-from app.proxy.supervisor import DISCONNECT, TIMEOUT, Supervisor
+from app.proxy.supervisor import Supervisor
 from app.routing.policies import Policy, RoutingContext
-from app.upstream.client import UpstreamClient, UpstreamResponse
+from app.upstream.client import UpstreamClient
 from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
@@ -55,12 +54,12 @@ class Job:
     record: AccessRecord
     started: float
     queue_wait_s: float = 0.0  # time spent in the admission queue
-    tally: Tally = field(default_factory=Tally)  # what the relay saw of the last attempt
+    attempt: Attempt | None = None  # the last upstream attempt
 
     @property
     def committed(self) -> bool:
         """The first upstream data event reached the client: no more retries."""
-        return self.record.ttft_ms is not None
+        return self.attempt is not None and self.attempt.committed
 
 
 class Proxy:
@@ -92,7 +91,7 @@ class Proxy:
         if self._background:
             await asyncio.wait(self._background, timeout=2.0)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -112,53 +111,72 @@ class Proxy:
     async def run(
         self, job: Job, receive: Receive, send: Send, direct: DirectBody | None = None
     ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         down = Downstream(
             send, job.request_id, stream=job.request.stream, clock=self._clock, direct=direct
         )
         sup = Supervisor(
-            task=task,
-            receive=receive,
-            downstream=down,
-            timeouts=self._settings.timeouts,
-            clock=self._clock,
+            receive=receive, downstream=down, timeouts=self._settings.timeouts, clock=self._clock
         )
         record = job.record
         sup.start()
         try:
-            await self._forward(job, down, sup)
-        except asyncio.CancelledError:
-            if sup.reason is None:
-                # Server shutdown: still end an open stream properly, then unwind.
-                record.outcome = "shutdown"
-                if down.started and not sup.disconnected:
-                    with contextlib.suppress(Exception):
-                        await down.fail(ServiceUnavailable("the gateway is shutting down"))
-                raise
-            task.uncancel()
-            if sup.reason == TIMEOUT:  # timeouts.total_s ran out between attempts
+            async with sup.scope:  # ended by the total deadline or the client leaving
+                failed = await self._forward(job, down, sup)
+            if failed is not None:
+                await self._fail(job, down, *failed)
+        except Ended as ended:
+            if ended.reason is Outcome.UPSTREAM_TIMEOUT:
                 error = UpstreamTimeout("the request exceeded its total time limit")
-                record.outcome, record.error = "upstream_timeout", error.message
-                record.status = 200 if down.started else error.status
-                await down.fail(error)
-            else:
-                record.outcome, record.status = DISCONNECT, 499
+                await self._fail(job, down, error, Outcome.UPSTREAM_TIMEOUT)
+            # else the client left: recorded below
+        except asyncio.CancelledError:
+            # Server shutdown: still end an open stream properly, then unwind.
+            record.outcome = Outcome.SHUTDOWN
+            if down.started and not sup.disconnected:
+                with contextlib.suppress(Exception):
+                    await down.fail(ServiceUnavailable("the gateway is shutting down"))
+            raise
         except Exception:
             # A bug, not a worker failure: log it, but still answer or end the stream properly.
             log.exception("request %s failed inside the gateway", job.request_id)
-            record.outcome, record.status = "internal_error", 500
+            record.outcome, record.status = Outcome.INTERNAL_ERROR, 500
             if not sup.disconnected:
                 with contextlib.suppress(Exception):
                     await down.fail(GatewayError("internal error"))
         finally:
             await sup.stop()
             if sup.disconnected:
-                record.outcome, record.status = DISCONNECT, 499
+                record.outcome, record.status = Outcome.CLIENT_DISCONNECT, 499
             end = self._clock()
             record.duration_ms = round((end - job.started) * 1000, 3)
+            self._note(job)
             self._record(job, end)
             self._access.emit(record)
+
+    async def _fail(
+        self, job: Job, down: Downstream, error: GatewayError, outcome: Outcome
+    ) -> None:
+        """Give up on the request: the error as the answer, or in-band once the stream began."""
+        record = job.record
+        if error.status == 503 and error.retry_after is None:
+            error.retry_after = self._settings.admission.retry_after_s
+        record.outcome, record.error = outcome, error.message
+        record.status = 200 if down.started else error.status
+        await down.fail(error)
+
+    @staticmethod
+    def _note(job: Job) -> None:
+        """What the last attempt relayed, into the access record."""
+        attempt, record = job.attempt, job.record
+        if attempt is None:
+            return
+        tally = attempt.tally
+        record.chunks = tally.events
+        if tally.first_at is not None:
+            record.ttft_ms = round((tally.first_at - job.started) * 1000, 3)
+        if tally.usage is not None:
+            record.prompt_tokens = tally.usage.prompt_tokens
+            record.completion_tokens = tally.usage.completion_tokens
 
     def _record(self, job: Job, end: float) -> None:
         """The request's metrics, all at once (none were touched while relaying)."""
@@ -167,26 +185,27 @@ class Proxy:
             metrics.record_stream(record.outcome)
         metrics.record_request(request.route.value, model, record.status, end - job.started)
         metrics.record_queue_wait(job.queue_wait_s)
-        tally = job.tally
-        usage = tally.usage
-        if usage is not None and tally.worker is not None:
+        attempt = job.attempt
+        tally = attempt.tally if attempt is not None else None
+        usage = tally.usage if tally is not None else None
+        if attempt is not None and usage is not None:
             steps = usage.verify_steps
             source: str | None = "exact" if usage.exact else "estimated"
-            mean = tally.worker.load.accept_length
+            mean = attempt.worker.load.accept_length
             if steps is None and usage.completion_tokens and mean:
                 # No per-request figure (a non-streamed text completion): the worker's own mean
                 # keeps completion_tokens_total / spec_verify_steps_total consistent.
                 steps, source = max(1, round(usage.completion_tokens / mean)), None
             metrics.record_tokens(
                 model,
-                tally.worker.name,
+                attempt.worker.name,
                 prompt=usage.prompt_tokens,
                 completion=usage.completion_tokens,
                 reasoning=usage.reasoning_tokens,
                 verify_steps=steps,
                 source=source,
             )
-        if request.stream and tally.first_at is not None:
+        if request.stream and tally is not None and tally.first_at is not None:
             metrics.record_stream_timing(
                 model,
                 ttft_s=tally.first_at - job.started,
@@ -195,12 +214,15 @@ class Proxy:
                 completion_tokens=usage.completion_tokens if usage is not None else None,
             )
 
-    async def _forward(self, job: Job, down: Downstream, sup: Supervisor) -> None:
+    async def _forward(
+        self, job: Job, down: Downstream, sup: Supervisor
+    ) -> tuple[GatewayError, Outcome] | None:
+        """Attempts until one relays the response (None), or why the request failed."""
         retry = self._settings.retry
         budget_end = self._clock() + retry.budget_s
         tried: set[str] = set()
         error: GatewayError | None = None
-        for attempt in range(1, retry.max_attempts + 1):
+        for number in range(1, retry.max_attempts + 1):
             try:
                 candidates, waited = await self.admission.admit(
                     lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried]
@@ -213,29 +235,20 @@ class Proxy:
                 break
             worker = self._policy.pick(job.ctx, candidates)
             tried.add(worker.name)
-            job.record.attempts = attempt
+            job.record.attempts = number
             job.record.worker = worker.name
-            worker.breaker.on_attempt()
             try:
                 await self._attempt(job, worker, down, sup)
-                worker.breaker.on_success()
-                return
+                return None
             except UpstreamError as exc:
-                if _worker_fault(exc):
-                    worker.breaker.on_failure()
-                else:
-                    worker.breaker.on_success()  # it answered; the request was at fault
                 error = exc
-                last = attempt == retry.max_attempts or self._clock() >= budget_end
+                last = number == retry.max_attempts or self._clock() >= budget_end
                 if job.committed or not exc.retryable or last or not self._has_other(job, tried):
                     break
                 self._metrics.record_retry(exc.code or "error")
                 log.info("retrying %s after %s on %s", job.request_id, exc.code, worker.name)
-                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (attempt - 1))
+                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (number - 1))
                 await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
-            except BaseException:
-                worker.breaker.on_released()  # client gone or shutdown: no verdict
-                raise
             finally:
                 self.admission.release()
         if error is None:
@@ -243,107 +256,40 @@ class Proxy:
                 f"no healthy worker is serving {job.ctx.model!r}",
                 retry_after=self._settings.admission.retry_after_s,
             )
-            job.record.outcome = "no_worker"
-        else:
-            job.record.outcome = _outcome(error)
-        if error.status == 503 and error.retry_after is None:
-            error.retry_after = self._settings.admission.retry_after_s
-        job.record.status = 200 if down.started else error.status
-        job.record.error = error.message
-        await down.fail(error)
+            return error, Outcome.NO_WORKER
+        return error, _outcome(error)
 
     def _has_other(self, job: Job, tried: set[str]) -> bool:
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))
 
     async def _attempt(self, job: Job, worker: Worker, down: Downstream, sup: Supervisor) -> None:
         rid = self.new_rid()
-        body = job.request.upstream_body(rid)
-        # Abort on the worker unless the request finished there or provably never ran there.
-        abort = True
-        outcome = "cancelled"
-        response: UpstreamResponse | None = None
-        with worker.track():
-            sup.begin_attempt()
-            sup.abort_attempt = functools.partial(self._abort, worker, rid)
-            try:
-                response = await self._client.open(
-                    worker, job.request.route.value, body, job.headers
+        attempt = job.attempt = Attempt(worker, rid, sup, abort=self._abort, spawn=self._spawn)
+        request, record = job.request, job.record
+        expose = self._settings.expose_accept_length
+        try:
+            async with attempt:  # ends on a deadline; settles outcome, breaker, abort, response
+                attempt.responded(
+                    await self._client.open(
+                        worker, request.route.value, request.upstream_body(rid), job.headers
+                    )
                 )
-                sup.headers_received()
-                job.tally = tally = Tally(worker=worker)
-                expose = self._settings.expose_accept_length
-                if job.request.stream:
-                    await relay_stream(
-                        job.request,
-                        job.record,
-                        tally,
-                        job.started,
-                        worker,
-                        response,
-                        down,
-                        sup,
-                        expose=expose,
-                    )
+                if request.stream:
+                    await relay_stream(attempt, down, request, expose=expose)
+                    record.status = 200
                 else:
-                    await relay_whole(
-                        job.request, job.record, tally, worker, response, down, expose=expose
-                    )
-                abort = False
-                outcome = "ok"
-            except asyncio.CancelledError:
-                if sup.reason != TIMEOUT:
-                    raise  # client gone (or shutdown): abort below, then unwind
-                _uncancel()
-                sup.clear()
-                outcome = "timeout"
-                raise UpstreamTimeout(
-                    f"worker {worker.name} went silent for too long"
-                    if sup.receiving
-                    else f"worker {worker.name} sent no response in time"
-                ) from None
-            except UpstreamError as exc:
-                outcome = _attempt_outcome(exc)
-                # Refused connections never reached it; an error status means nothing runs.
-                if isinstance(exc, UpstreamStatusError) or (
-                    isinstance(exc, UpstreamConnectError) and not sup.receiving
-                ):
-                    abort = False
-                raise
-            finally:
-                sup.end_attempt()
-                self._metrics.record_attempt(worker.name, outcome)
-                if abort and not sup.attempt_aborted:  # else the supervisor already did
-                    self._spawn(self._abort(worker, rid))
-                if response is not None:
-                    await response.aclose()
+                    await relay_whole(attempt, down, request, expose=expose)
+                    record.status = attempt.status_code
+            record.outcome = Outcome.UPSTREAM_ERROR if attempt.tally.inband_error else Outcome.OK
+        finally:
+            self._metrics.record_attempt(worker.name, attempt.outcome)
 
 
-def _uncancel() -> None:
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-
-
-def _attempt_outcome(exc: UpstreamError) -> str:
-    if isinstance(exc, UpstreamTimeout):
-        return "timeout"
-    if isinstance(exc, UpstreamConnectError):
-        return "connect_error"
-    if isinstance(exc, UpstreamStatusError):
-        return "status_error"
-    return "broken"
-
-
-def _worker_fault(exc: UpstreamError) -> bool:
-    """Failures that count against the worker's circuit breaker (not a 4xx: bad request)."""
-    return not isinstance(exc, UpstreamStatusError) or exc.status >= 500
-
-
-def _outcome(error: GatewayError) -> str:
+def _outcome(error: GatewayError) -> Outcome:
     if isinstance(error, ServiceUnavailable):
-        return "no_capacity"
+        return Outcome.NO_CAPACITY
     if isinstance(error, UpstreamTimeout):
-        return "upstream_timeout"
+        return Outcome.UPSTREAM_TIMEOUT
     if isinstance(error, UpstreamStreamBroken):
-        return "stream_broken"
-    return "upstream_error"
+        return Outcome.STREAM_BROKEN
+    return Outcome.UPSTREAM_ERROR

@@ -17,65 +17,51 @@ client's copy unless the client asked for it.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 
 import httpx
 import orjson
 
-from app.accesslog import AccessRecord
 from app.errors import UpstreamStreamBroken
+from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.supervisor import Supervisor
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.http1 import Http1Response
-from app.upstream.sse import SSEObserver, Usage, parse_usage, take_meta_info
-from app.workers.worker import Worker
+from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
 
 
-@dataclass(slots=True)
-class Tally:
-    """What the relay saw of one upstream attempt, for the metrics recorded after the request."""
-
-    worker: Worker | None = None
-    usage: Usage | None = None
-    first_at: float | None = None  # clock when the first data event was relayed (commit point)
-    chunk_times: list[float] = field(default_factory=list)  # clock at every later relayed chunk
+def _response(attempt: Attempt) -> UpstreamResponse:
+    response = attempt.response
+    assert response is not None, "relayed before the worker responded"
+    return response
 
 
 async def relay_stream(
-    request: ParsedRequest,
-    record: AccessRecord,
-    tally: Tally,
-    started: float,
-    worker: Worker,
-    response: UpstreamResponse,
-    down: Downstream,
-    sup: Supervisor,
-    *,
-    expose: bool = False,
+    attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
 ) -> None:
-    """Relay an SSE stream. Sets ``record.ttft_ms`` at the commit point (first data event
-    relayed); raises an ``UpstreamError`` if the stream fails or ends without ``[DONE]``.
-    ``expose``: add the estimated acceptance length to the usage chunk the client asked for."""
+    """Relay an attempt's SSE stream, noting in ``attempt.tally`` what passes (the commit point:
+    ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
+    or ends without ``[DONE]``. ``expose``: add the estimated acceptance length to the usage
+    chunk the client asked for."""
     # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
     overhead = 2 * request.choices if request.route is Route.CHAT else 0
     obs = SSEObserver(drop_usage=not request.client_wants_usage, overhead=overhead, expose=expose)
-    clock = sup.clock
+    response = _response(attempt)
+    tally = attempt.tally
+    clock = attempt.clock
     chunk_out = down.chunk
     stamp = tally.chunk_times.append
     chunks = response.aiter_raw()
     try:
         async for chunk in chunks:  # until the commit point
-            sup.last_rx = clock()
+            attempt.last_rx = clock()
             out = obs.feed(chunk)
             if out:
                 await chunk_out(out)
                 if obs.first_data:
-                    tally.first_at = now = clock()
-                    record.ttft_ms = round((now - started) * 1000, 3)
+                    tally.first_at = clock()
                     break
         direct = down.direct()
         if direct is not None and isinstance(response, Http1Response):
@@ -83,7 +69,7 @@ async def relay_stream(
             write, feed = direct.write, obs.feed
 
             def sink(chunk: bytes) -> bool:
-                sup.last_rx = now = clock()
+                attempt.last_rx = now = clock()
                 out = feed(chunk)
                 if out:
                     stamp(now)
@@ -93,7 +79,7 @@ async def relay_stream(
             await response.pump(sink, direct.drain)
         else:
             async for chunk in chunks:  # steady state
-                sup.last_rx = now = clock()
+                attempt.last_rx = now = clock()
                 out = obs.feed(chunk)
                 if out:
                     stamp(now)
@@ -102,36 +88,31 @@ async def relay_stream(
         if rest:
             await chunk_out(rest)
     except httpx.HTTPError as exc:
-        raise map_transport_error(exc, worker, committed=obs.first_data) from None
+        raise map_transport_error(exc, attempt.worker, committed=obs.first_data) from None
     finally:
-        record.chunks = obs.events
-        set_usage(record, tally, obs.usage)
+        tally.events = obs.events
+        if obs.usage is not None:
+            tally.usage = obs.usage
     if not obs.done:
-        broken = UpstreamStreamBroken(f"worker {worker.name} ended the stream without [DONE]")
+        broken = UpstreamStreamBroken(
+            f"worker {attempt.worker.name} ended the stream without [DONE]"
+        )
         broken.retryable = not obs.first_data
         raise broken
-    if obs.inband_error:
-        record.outcome = "upstream_error"
-    record.status = 200
+    tally.inband_error = obs.inband_error
     await down.end()
 
 
 async def relay_whole(
-    request: ParsedRequest,
-    record: AccessRecord,
-    tally: Tally,
-    worker: Worker,
-    response: UpstreamResponse,
-    down: Downstream,
-    *,
-    expose: bool = False,
+    attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
 ) -> None:
     """Relay a non-streamed response: the worker's bytes, read whole, sent as they are (less the
     ``meta_info`` the gateway asked for). ``expose``: the exact acceptance length as a header."""
+    response = _response(attempt)
     try:
         body = await response.aread()
     except httpx.HTTPError as exc:
-        raise map_transport_error(exc, worker, committed=False) from None
+        raise map_transport_error(exc, attempt.worker, committed=False) from None
     headers: list[tuple[bytes, bytes]] = []
     with contextlib.suppress(orjson.JSONDecodeError):
         doc = orjson.loads(body)
@@ -145,14 +126,7 @@ async def relay_whole(
             length = usage.accept_length
             if expose and length is not None:
                 headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
-        set_usage(record, tally, usage)
-    record.status = response.status_code
+        if usage is not None:
+            attempt.tally.usage = usage
     content_type = response.headers.get("content-type", "application/json")
     await down.complete(response.status_code, body, content_type.encode("latin-1"), headers)
-
-
-def set_usage(record: AccessRecord, tally: Tally, usage: Usage | None) -> None:
-    if usage is not None:
-        tally.usage = usage
-        record.prompt_tokens = usage.prompt_tokens
-        record.completion_tokens = usage.completion_tokens

@@ -3,11 +3,12 @@
 ``Supervisor`` does, per request (with one timer and a pending ``receive()``, no task of its
 own), so the relay itself carries no per-chunk timers: it notices the client going away (ASGI
 ``http.disconnect``), sends ``: keep-alive`` after ``keepalive_s`` of silence on a stream, and
-enforces the first-byte / idle / total deadlines.
-When the client goes away or a deadline passes it records why in ``reason`` and cancels the
-request task; the proxy turns that into cleanup (close upstream) or a 504. Both first run
-``abort_attempt`` (the proxy's abort of the running attempt on its worker), so the worker is told
-before the upstream connection drops.
+enforces the first-byte / idle / total deadlines. It ends things through the objects that own
+them: a first-byte or idle deadline ends the running ``Attempt`` (aborted on its worker, then
+stopped: the proxy may retry); the total deadline or the client leaving aborts the running
+attempt on its worker and then ends the request's ``scope`` (``app.proxy.attempt.Scope``), which
+raises ``Ended`` with the reason where the proxy runs it. The worker always hears "abort"
+before its connection drops.
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 from app.config import TimeoutConfig
+from app.outcomes import Outcome
+from app.proxy.attempt import Attempt, Scope
 from app.proxy.downstream import Clock, Downstream, Message, Receive
 
 log = logging.getLogger(__name__)
-
-DISCONNECT = "client_disconnect"
-TIMEOUT = "timeout"
 
 
 class Supervisor:
@@ -37,32 +37,25 @@ class Supervisor:
     def __init__(
         self,
         *,
-        task: asyncio.Task[Any],
         receive: Receive,
         downstream: Downstream,
         timeouts: TimeoutConfig,
         clock: Clock,
     ) -> None:
-        self._task = task
         self._receive = receive
         self._down = downstream
         self._clock = clock
         self.clock = clock
         self._keepalive_s = timeouts.keepalive_s if downstream.stream else None
-        self._first_byte_s = timeouts.first_byte_s
-        self._idle_s = timeouts.idle_s
+        self.first_byte_s = timeouts.first_byte_s
+        self.idle_s = timeouts.idle_s
         now = clock()
         self._total_deadline = now + timeouts.total_s if timeouts.total_s else None
-        self._attempt_start = now
-        self.attempting = False  # deadlines apply only while an upstream attempt runs
-        self.receiving = False  # the current attempt has its response headers
-        self.last_rx = now  # set by the relay on every upstream chunk (one clock read)
-        self.reason: str | None = None
+        self.scope = Scope()  # the request's work: ended on the total deadline or a disconnect
+        self.attempt: Attempt | None = None  # the upstream attempt running now, if any
+        self._last_rx = now  # the last upstream chunk of the attempts that ended
         self.closed = False
         self.disconnected = False
-        # Set by the proxy while an upstream attempt runs: aborts it on its worker.
-        self.abort_attempt: Callable[[], Awaitable[None]] | None = None
-        self.attempt_aborted = False
         self._loop = asyncio.get_running_loop()
         self._listening: asyncio.Future[Message] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -91,28 +84,23 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await action
 
-    def begin_attempt(self) -> None:
-        self._attempt_start = self.last_rx = self._clock()
-        self.receiving = False
-        self.attempting = True
-        self.attempt_aborted = False
+    # The attempts (called by ``Attempt``)
+
+    def begin(self, attempt: Attempt) -> None:
+        self.attempt = attempt
         self._arm()  # the first-byte deadline may be nearer than the current timer
 
-    def headers_received(self) -> None:
+    def responded(self) -> None:
         """The attempt's response has begun: the idle deadline replaces the first-byte one."""
-        self.receiving = True
-        self.last_rx = self._clock()
         if self._next_wake() < self._wake_at:
             self._arm()
 
-    def end_attempt(self) -> None:
-        self.attempting = False
-        self.abort_attempt = None
-
-    def clear(self) -> None:
-        """The request task has handled a timeout trip; keep supervising."""
-        self.reason = None
-        self._arm()
+    def finish(self, attempt: Attempt) -> None:
+        if self.attempt is attempt:
+            self.attempt = None
+            self._last_rx = attempt.last_rx
+            if self._timer is None:  # it was ended by a deadline: supervise on
+                self._arm()
 
     # The client
 
@@ -142,25 +130,29 @@ class Supervisor:
     # Deadlines and keep-alives
 
     def _deadline(self) -> float:
-        if not self.attempting:
-            return self._total_deadline or float("inf")
-        if self.receiving:
-            deadline = self.last_rx + self._idle_s
-        else:
-            deadline = self._attempt_start + self._first_byte_s
-        if self._total_deadline is not None:
-            deadline = min(deadline, self._total_deadline)
-        return deadline
+        total = self._total_deadline or float("inf")
+        attempt = self.attempt
+        return total if attempt is None else min(attempt.deadline(), total)
+
+    def _quiet_since(self) -> float:
+        attempt = self.attempt
+        last_rx = self._last_rx if attempt is None else attempt.last_rx
+        return max(last_rx, self._down.last_tx)
 
     def _next_wake(self) -> float:
         wake = self._deadline()
         if self._keepalive_s is not None:
-            wake = min(wake, max(self.last_rx, self._down.last_tx) + self._keepalive_s)
+            wake = min(wake, self._quiet_since() + self._keepalive_s)
         return wake
 
     def _arm(self) -> None:
         self._disarm()
-        if self.closed or self.disconnected or self._action is not None:
+        if (
+            self.closed
+            or self.disconnected
+            or self._action is not None
+            or self.scope.reason is not None
+        ):
             return
         wake = self._wake_at = self._next_wake()
         if wake != float("inf"):
@@ -180,10 +172,7 @@ class Supervisor:
         now = self._clock()
         if now >= self._deadline():
             self._act(self._timeout())
-        elif (
-            self._keepalive_s is not None
-            and now - max(self.last_rx, self._down.last_tx) >= self._keepalive_s
-        ):
+        elif self._keepalive_s is not None and now - self._quiet_since() >= self._keepalive_s:
             self._act(self._keepalive())
         else:
             self._arm()  # woken early: data or a keep-alive moved the wake time on
@@ -206,28 +195,21 @@ class Supervisor:
         self._arm()
 
     async def _gone(self) -> None:
-        await self._abort_then_trip(DISCONNECT)
+        attempt = self.attempt
+        if attempt is not None and not self.closed:
+            await attempt.abort(Outcome.CANCELLED)
+        self.scope.end(Outcome.CLIENT_DISCONNECT)
 
     async def _timeout(self) -> None:
-        tripped = await self._abort_then_trip(TIMEOUT)
+        attempt = self.attempt
+        total = self._total_deadline is not None and self._clock() >= self._total_deadline
+        if total:  # the request is over: nothing more to supervise but the client
+            if attempt is not None:
+                await attempt.abort(Outcome.TIMEOUT)
+            self.scope.end(Outcome.UPSTREAM_TIMEOUT)
+            return
+        if attempt is not None:
+            await attempt.end(Outcome.TIMEOUT)
         self._action = None
-        if not tripped:
-            self._arm()
-
-    async def _abort_then_trip(self, reason: str) -> bool:
-        """Abort the running attempt on its worker, then cancel the request task."""
-        abort, self.abort_attempt = self.abort_attempt, None
-        if abort is not None and not self.closed:
-            # Before the request task is cancelled: cancelling it mid-request drops the
-            # upstream connection at once, and the worker should hear "abort", not a hang-up.
-            self.attempt_aborted = True
-            await abort()
-            if reason == TIMEOUT and not self.attempting:
-                return False  # the attempt finished meanwhile: nothing left to time out
-        self._trip(reason)
-        return True
-
-    def _trip(self, reason: str) -> None:
-        if not self.closed and self.reason is None:
-            self.reason = reason
-            self._task.cancel()
+        if attempt is None or self.attempt is not attempt:
+            self._arm()  # else it is ending now: ``finish`` re-arms

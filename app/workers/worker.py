@@ -70,10 +70,31 @@ class Worker:
         return self.in_flight + self.load.waiting + self.load.token_usage
 
     @contextmanager
-    def track(self) -> Iterator[None]:
-        """Count one in-flight request for the duration of the block, whatever happens."""
+    def attempt_guard(self) -> Iterator[Verdict]:
+        """One upstream attempt on this worker: counted in flight for the block, whatever happens,
+        and exactly one verdict for the circuit breaker when it ends (see ``Verdict``)."""
         self.in_flight += 1
+        self.breaker.on_attempt()
+        verdict = Verdict()
         try:
-            yield
+            yield verdict
         finally:
             self.in_flight -= 1
+            if verdict.fault is None:
+                self.breaker.on_released()
+            elif verdict.fault:
+                self.breaker.on_failure()
+            else:
+                self.breaker.on_success()
+
+
+class Verdict:
+    """What an attempt tells its worker's breaker. ``fault`` True: the worker failed (it counts
+    towards opening the breaker); False: the worker answered (even a 4xx, the request's fault);
+    left None (the client left, the gateway stopped): no verdict, the half-open probe slot is
+    freed."""
+
+    __slots__ = ("fault",)
+
+    def __init__(self) -> None:
+        self.fault: bool | None = None

@@ -1,0 +1,265 @@
+"""One upstream attempt of a request, as an object: its rid, worker, response, deadlines, abort,
+what the relay saw of it, and how it ended.
+
+    async with Attempt(worker, rid, sup, abort=..., spawn=...) as attempt:
+        attempt.responded(await client.open(...))
+        await relay_stream(attempt, down, request)
+    attempt.outcome  # Outcome.OK, TIMEOUT, CONNECT_ERROR, ...
+
+Whatever ends it from outside goes through the object: the request's ``Supervisor`` calls
+``end(Outcome.TIMEOUT)`` when the first-byte or idle deadline passes (the attempt is aborted on
+its worker, then whatever it awaits, the worker's response or the client's write, stops there and
+the block raises ``UpstreamTimeout``, which the proxy may retry), and ``abort(reason)`` when the
+whole request ends (the client left, the total deadline), just before it ends the request's own
+``Scope``. On the way out the attempt settles once: its outcome, exactly one verdict for the
+worker's circuit breaker (``Worker.attempt_guard``), an abort on the worker unless the request
+finished there or provably never ran there (at most one per attempt), the response closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from app.errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+)
+from app.outcomes import Outcome
+from app.upstream.client import UpstreamResponse
+from app.upstream.sse import Usage
+from app.workers.worker import Verdict, Worker
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from app.proxy.supervisor import Supervisor
+
+Abort = Callable[[Worker, str], Coroutine[Any, Any, None]]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+class Ended(Exception):
+    """A ``Scope`` was ended from outside; raised where the block ends, with the reason."""
+
+    def __init__(self, reason: Outcome) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+class Scope:
+    """A block of a request's work that a deadline or the client leaving ends from outside, at
+    whatever the block awaits: ``end(reason)`` makes the block raise ``Ended(reason)`` where it
+    ends. A cancellation from anywhere else (the server shutting down) passes through unchanged.
+    Ending a scope that is not running (not yet entered, or already left) does nothing.
+
+    Built on ``asyncio.Timeout`` with no deadline of its own, brought forward to now by ``end``:
+    asyncio's one way to stop an await from outside that keeps the stop scoped to the block."""
+
+    __slots__ = ("_timeout", "reason")
+
+    def __init__(self) -> None:
+        self._timeout: asyncio.Timeout | None = None
+        self.reason: Outcome | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._timeout is not None
+
+    async def __aenter__(self) -> Scope:
+        timeout = asyncio.timeout(None)
+        await timeout.__aenter__()
+        self._timeout = timeout
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        timeout, self._timeout = self._timeout, None
+        assert timeout is not None
+        try:
+            await timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            assert self.reason is not None
+            raise Ended(self.reason) from None
+
+    def end(self, reason: Outcome) -> bool:
+        """End the block (the first reason wins). False if it is not running or already ended."""
+        timeout = self._timeout
+        if timeout is None or self.reason is not None:
+            return False
+        self.reason = reason
+        timeout.reschedule(asyncio.get_running_loop().time())
+        return True
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the relay saw of one attempt, for the access record and the metrics."""
+
+    usage: Usage | None = None
+    first_at: float | None = None  # clock when the first data event was relayed (commit point)
+    chunk_times: list[float] = field(default_factory=list)  # clock at every later relayed chunk
+    events: int = 0  # SSE events relayed
+    inband_error: bool = False  # the worker's stream carried an error event
+
+
+class Attempt:
+    """One upstream attempt; see the module doc. ``last_rx`` is written by the relay on every
+    upstream chunk (one clock read): the idle deadline counts from it."""
+
+    __slots__ = (
+        "_abort",
+        "_aborted",
+        "_guard",
+        "_scope",
+        "_spawn",
+        "_verdict",
+        "clock",
+        "last_rx",
+        "outcome",
+        "reason",
+        "response",
+        "rid",
+        "started",
+        "sup",
+        "tally",
+        "worker",
+    )
+
+    def __init__(
+        self, worker: Worker, rid: str, sup: Supervisor, *, abort: Abort, spawn: Spawn
+    ) -> None:
+        self.worker = worker
+        self.rid = rid
+        self.sup = sup
+        self.clock = sup.clock
+        self._abort = abort  # the abort call on a worker (POST /abort_request)
+        self._spawn = spawn  # runs an abort in the background
+        self._aborted = False
+        self._scope = Scope()
+        self._guard: AbstractContextManager[Verdict] | None = None
+        self._verdict: Verdict | None = None
+        self.started = self.last_rx = self.clock()
+        self.response: UpstreamResponse | None = None
+        self.tally = Tally()
+        self.outcome = Outcome.CANCELLED
+        self.reason: Outcome | None = None  # why it was ended from outside, if it was
+
+    @property
+    def receiving(self) -> bool:
+        """The worker's response has begun: the idle deadline replaced the first-byte one."""
+        return self.response is not None
+
+    @property
+    def committed(self) -> bool:
+        """The first upstream data event reached the client: no more retries."""
+        return self.tally.first_at is not None
+
+    @property
+    def status_code(self) -> int:
+        """The worker's response status (0 before it responded)."""
+        return self.response.status_code if self.response is not None else 0
+
+    def deadline(self) -> float:
+        """When the attempt times out (supervisor's clock): first byte, then idle."""
+        if self.response is None:
+            return self.started + self.sup.first_byte_s
+        return self.last_rx + self.sup.idle_s
+
+    def responded(self, response: UpstreamResponse) -> None:
+        """The worker's response headers arrived (2xx)."""
+        self.response = response
+        self.last_rx = self.clock()
+        self.sup.responded()
+
+    async def abort(self, reason: Outcome) -> None:
+        """Abort the attempt on its worker (once), recording why. The attempt itself runs on:
+        the caller ends it, or the whole request, next."""
+        if self.reason is not None or not self._scope.running:
+            return
+        self.reason = reason
+        if not self._aborted:
+            self._aborted = True
+            await self._abort(self.worker, self.rid)
+
+    async def end(self, reason: Outcome) -> None:
+        """Abort it on its worker, then stop it wherever it waits: it raises ``UpstreamTimeout``."""
+        await self.abort(reason)
+        self._scope.end(reason)
+
+    async def __aenter__(self) -> Attempt:
+        guard = self._guard = self.worker.attempt_guard()
+        self._verdict = guard.__enter__()
+        self.sup.begin(self)
+        await self._scope.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        error = exc
+        try:
+            await self._scope.__aexit__(exc_type, exc, tb)
+        except Ended:
+            error = UpstreamTimeout(
+                f"worker {self.worker.name} went silent for too long"
+                if self.receiving
+                else f"worker {self.worker.name} sent no response in time"
+            )
+        try:
+            self.sup.finish(self)
+            self._settle(error)
+            if self.response is not None:
+                await self.response.aclose()
+        finally:
+            assert self._guard is not None
+            self._guard.__exit__(None, None, None)  # in flight -1, the breaker's verdict
+        if error is not None and error is not exc:
+            raise error from None
+
+    def _settle(self, error: BaseException | None) -> None:
+        """The outcome and the breaker's verdict; an abort on the worker unless the request
+        finished there or provably never ran there."""
+        verdict = self._verdict
+        assert verdict is not None
+        abort = True
+        if error is None:
+            self.outcome, verdict.fault, abort = Outcome.OK, False, False
+        elif isinstance(error, UpstreamError):
+            self.outcome = _attempt_outcome(error)
+            # A 4xx: the worker answered, the request was at fault.
+            verdict.fault = not isinstance(error, UpstreamStatusError) or error.status >= 500
+            # Refused connections never reached it; an error status means nothing runs.
+            if isinstance(error, UpstreamStatusError) or (
+                isinstance(error, UpstreamConnectError) and not self.receiving
+            ):
+                abort = False
+        elif self.reason is Outcome.TIMEOUT:  # the whole request ran out of time meanwhile
+            self.outcome, verdict.fault = Outcome.TIMEOUT, True
+        else:  # the client left, the gateway stopped, or a fault in the gateway: no verdict
+            self.outcome = Outcome.CANCELLED
+        if abort and not self._aborted:
+            self._aborted = True
+            self._spawn(self._abort(self.worker, self.rid))
+
+
+def _attempt_outcome(exc: UpstreamError) -> Outcome:
+    if isinstance(exc, UpstreamTimeout):
+        return Outcome.TIMEOUT
+    if isinstance(exc, UpstreamConnectError):
+        return Outcome.CONNECT_ERROR
+    if isinstance(exc, UpstreamStatusError):
+        return Outcome.STATUS_ERROR
+    return Outcome.BROKEN
