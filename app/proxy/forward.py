@@ -4,6 +4,12 @@ Retries happen only before the commit point (the first upstream ``data:`` event 
 client), on a worker not yet tried, and every failed attempt that may have reached its worker is
 aborted there (``POST /abort_request`` with that attempt's rid). After the commit point a failure
 becomes ``data: {"error": ...}`` + ``data: [DONE]``: never a silent truncation, never a hang.
+
+Each attempt is an ``Attempt`` (``app.proxy.attempt``): it owns the rid, the worker, the response,
+the deadlines and the abort, settles its outcome and breaker verdict, and raises
+``UpstreamTimeout`` when the request's ``Supervisor`` ends it on a first-byte or idle deadline.
+The whole request runs in the supervisor's ``scope``: the total deadline or the client leaving
+ends it there (``Ended``), after the running attempt was aborted on its worker.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The relay loops: a worker's response out to the client, observed in passing.
 
-This is the hot path. Per upstream chunk the stream loop does one clock read, the observer's
+This is the hot path. Per upstream chunk the stream loop does one clock read (kept as the
+attempt's ``last_rx``, which its idle deadline counts from), the observer's
 ``endswith``/``count``/substring checks, one list append (the chunk's time, for the inter-chunk
 histogram, observed once at the end of the request) and one write of the very same bytes: no
 JSON, no pydantic, no timer (deadlines and keep-alives live in the request's ``Supervisor``), no

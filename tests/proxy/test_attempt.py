@@ -19,6 +19,7 @@ from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
 from app.metrics import Metrics
 from app.outcomes import Outcome
+from app.proxy.attempt import Ended, Scope
 from app.proxy.forward import Job, Proxy
 from app.proxy.request import Route, parse_request
 from app.routing.policies import RoutingContext
@@ -376,3 +377,41 @@ async def test_total_deadline_between_attempts_is_a_504(
     assert rig.metrics.registry.get_sample_value(
         "dflash_gateway_stream_outcomes_total", {"outcome": "upstream_timeout"}
     )
+
+
+async def test_server_shutdown_still_cancels_and_ends_the_stream_in_band(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    async with RawWorker("hold") as worker:
+        rig = Rig([worker])
+        client = Client()
+        _, task = await _run(rig, client)
+        await _until(client.committed)
+        task.cancel()  # what the server does to a request still running at shutdown
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await rig.aclose()
+        await _until(worker.hung_up)
+
+    events = client.body.split(b"\n\n")
+    assert client.body.endswith(b"data: [DONE]\n\n")
+    assert orjson.loads(events[-3][len(b"data: ") :])["error"]["code"] == "service_unavailable"
+    assert worker.aborted == worker.rids and len(worker.rids) == 1
+    assert rig.breakers[worker.url].heard == ["attempt", "released"]
+    assert _logged(access)["outcome"] is Outcome.SHUTDOWN
+
+
+async def test_a_scope_ends_only_while_it_runs_and_keeps_the_first_reason() -> None:
+    scope = Scope()
+    assert not scope.end(Outcome.TIMEOUT)  # not entered yet: nothing to end
+
+    async def block() -> None:
+        async with scope:
+            assert scope.end(Outcome.CLIENT_DISCONNECT)
+            assert not scope.end(Outcome.UPSTREAM_TIMEOUT)
+            await asyncio.sleep(3600)
+
+    with pytest.raises(Ended) as ended:
+        await block()
+    assert ended.value.reason is Outcome.CLIENT_DISCONNECT
+    assert not scope.end(Outcome.TIMEOUT)  # left: nothing to end
