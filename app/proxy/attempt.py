@@ -8,12 +8,13 @@ what the relay saw of it, and how it ended.
 
 Whatever ends it from outside goes through the object: the request's ``Supervisor`` calls
 ``end(Outcome.TIMEOUT)`` when the first-byte or idle deadline passes (the attempt is aborted on
-its worker, then whatever it awaits, the worker's response or the client's write, stops there and
-the block raises ``UpstreamTimeout``, which the proxy may retry), and ``abort(reason)`` when the
-whole request ends (the client left, the total deadline), just before it ends the request's own
-``Scope``. On the way out the attempt settles once: its outcome, exactly one verdict for the
-worker's circuit breaker (``Worker.attempt_guard``), an abort on the worker unless the request
-finished there or provably never ran there (at most one per attempt), the response closed.
+its worker, then whatever it awaits, the worker's response or the client's write, stops there
+and the block raises ``UpstreamTimeout``, handled like any failed attempt), and
+``abort(reason)`` when the whole request ends (the client left, the total deadline), just before
+it ends the request's own ``Scope``. On the way out the attempt settles once: its outcome,
+exactly one verdict for the worker's circuit breaker (``Worker.attempt_guard``), an abort on the
+worker unless the request finished there or provably never ran there (at most one per attempt),
+the response closed.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ own), so the relay itself carries no per-chunk timers: it notices the client goi
 ``http.disconnect``), sends ``: keep-alive`` after ``keepalive_s`` of silence on a stream, and
 enforces the first-byte / idle / total deadlines. It ends things through the objects that own
 them: a first-byte or idle deadline ends the running ``Attempt`` (aborted on its worker, then
-stopped: the proxy may retry); the total deadline or the client leaving aborts the running
+stopped: it fails like any attempt); the total deadline or the client leaving aborts the running
 attempt on its worker and then ends the request's ``scope`` (``app.proxy.attempt.Scope``), which
 raises ``Ended`` with the reason where the proxy runs it. The worker always hears "abort"
 before its connection drops.
@@ -99,7 +99,7 @@ class Supervisor:
         if self.attempt is attempt:
             self.attempt = None
             self._last_rx = attempt.last_rx
-            if self._timer is None:  # it was ended by a deadline: supervise on
+            if self._timer is None:  # nothing armed (a deadline ended it): supervise on
                 self._arm()
 
     # The client
