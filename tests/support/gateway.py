@@ -29,7 +29,7 @@ from http import HTTPStatus
 from types import ModuleType
 from typing import Any
 
-import httpx
+import httptools
 import orjson
 import pytest
 import uvicorn
@@ -109,9 +109,7 @@ class FakeWorker:
     sent: int = 0  # stream bytes (events) handed to the socket
     port: int = 0
     _server: asyncio.Server | None = field(default=None, repr=False)
-    _conns: dict[asyncio.Task[None], asyncio.StreamWriter] = field(
-        default_factory=dict, repr=False
-    )
+    _conns: dict[asyncio.Task[None], asyncio.StreamWriter] = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -260,9 +258,8 @@ async def _answer(writer: asyncio.StreamWriter, status: int, body: bytes | dict[
     data = body if isinstance(body, bytes) else orjson.dumps(body)
     kind = b"content-type: application/json\r\n" if data else b""
     reason = HTTPStatus(status).phrase.encode()
-    writer.write(
-        b"HTTP/1.1 %d %s\r\n%bcontent-length: %d\r\n\r\n%b" % (status, reason, kind, len(data), data)
-    )
+    head = b"HTTP/1.1 %d %s\r\n%bcontent-length: %d\r\n\r\n" % (status, reason, kind, len(data))
+    writer.write(head + data)
     await writer.drain()
 
 
@@ -279,6 +276,128 @@ class Exchange:
 
     def json(self) -> Any:
         return orjson.loads(self.body)
+
+
+class Response:
+    """One response arriving on a client connection to the gateway: status and headers, then
+    the body as each socket read brings it. ``close()`` hangs up (the client gone)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.status = 0
+        self.headers: dict[str, str] = {}  # lower-cased names; repeated ones joined by ", "
+        self.complete = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers_done = False
+        self._body: list[bytes] = []
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        old = self.headers.get(key)
+        text = value.decode("latin-1")
+        self.headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    async def _head(self) -> None:
+        while not self._headers_done:
+            await self._feed()
+
+    async def _feed(self) -> None:
+        data = await self.reader.read(256 * 1024)
+        if not data:
+            raise ConnectionResetError("the gateway closed the connection")
+        self._parser.feed_data(data)
+
+    async def read(self) -> bytes | None:
+        """The body bytes the next read brought (never empty); None once the body ended.
+        Raises ``ConnectionError`` if the connection ended first."""
+        while not self._body:
+            if self.complete:
+                return None
+            await self._feed()
+        data = b"".join(self._body)
+        self._body.clear()
+        return data
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self._parser.should_keep_alive()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Client:
+    """A lean HTTP/1.1 client for the gateway on loopback, with keep-alive connections."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def open(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        fresh: bool = False,
+    ) -> Response:
+        """Send a request and return once the response's status and headers arrived."""
+        head = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}"]
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        if content is not None:
+            head.append(f"content-length: {len(content)}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (content or b"")
+        while self._idle and not fresh:
+            reader, writer = self._idle.pop()
+            if writer.is_closing() or reader.at_eof():
+                writer.close()
+                continue
+            response = Response(reader, writer)
+            writer.write(request)
+            try:
+                await response._head()
+            except ConnectionError:  # closed while idle: try another connection
+                writer.close()
+                continue
+            return response
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        self._open.add(writer)
+        response = Response(reader, writer)
+        writer.write(request)
+        await response._head()
+        return response
+
+    def done(self, response: Response) -> None:
+        """The response was read (or abandoned): keep its connection for the next request, or
+        close it."""
+        if response.reusable and not response.writer.is_closing():
+            self._idle.append((response.reader, response.writer))
+        else:
+            response.close()
+
+    async def aclose(self) -> None:
+        self._idle.clear()
+        writers, self._open = self._open, set()
+        for writer in writers:
+            writer.close()
+        for writer in writers:
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
 
 
 class _LaneSpy:
@@ -313,7 +432,7 @@ class GatewayHarness:
         self.lanes_offered = 0  # requests the server offered the direct lane
         self.lane_writes = 0  # stream chunks the relay wrote through it
         self.server: uvicorn.Server | None = None
-        self.client: httpx.AsyncClient | None = None
+        self.client: Client | None = None
         self.url = ""
 
     @property
@@ -353,7 +472,7 @@ class GatewayHarness:
         self._sock = listen(HOST, 0)
         await server.startup(sockets=[self._sock])
         self.url = f"http://{HOST}:{self._sock.getsockname()[1]}"
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=30.0, trust_env=False)
+        self.client = Client(HOST, self._sock.getsockname()[1])
         expected = sum(1 for w in self.workers if w.healthy and w.models)
         pool = self.gateway.pool
         await wait_for(lambda: len(pool.available(MODEL)) >= expected)
@@ -393,41 +512,42 @@ class GatewayHarness:
         disconnect: asyncio.Event | None = None,
         on_chunk: Callable[[bytes], None] | None = None,
     ) -> Exchange:
-        """One request over a pooled keep-alive connection; the body as it arrives. When
+        """One request over a kept-alive connection; the body as it arrives. When
         ``disconnect`` is set first, the connection is closed there and then (the client gone)."""
-        assert self.client is not None
         content = raw if raw is not None else (None if body is None else orjson.dumps(body))
-        hdrs = httpx.Headers({"content-type": "application/json"})
-        hdrs.update(headers or {})
+        hdrs = {"content-type": "application/json"} if content is not None else {}
+        hdrs.update({k.lower(): v for k, v in (headers or {}).items()})
         ex = Exchange()
+        client = self.client
+        assert client is not None
+        response: Response | None = None
 
         async def exchange() -> None:
-            assert self.client is not None
-            req = self.client.build_request(method, path, content=content, headers=hdrs)
-            response = await self.client.send(req, stream=True)
-            try:
-                ex.status = response.status_code
-                ex.headers = {k.lower(): v for k, v in response.headers.items()}
-                async for chunk in response.aiter_raw():
-                    ex.chunks.append(chunk)
-                    if on_chunk is not None:
-                        on_chunk(chunk)
-                ex.complete = True
-            finally:
-                await response.aclose()
+            nonlocal response
+            response = await client.open(method, path, content, hdrs)
+            ex.status, ex.headers = response.status, response.headers
+            while (chunk := await response.read()) is not None:
+                ex.chunks.append(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+            ex.complete = True
 
-        if disconnect is None:
-            with contextlib.suppress(httpx.TransportError):
-                await exchange()
+        try:
+            if disconnect is None:
+                with contextlib.suppress(ConnectionError):
+                    await exchange()
+                return ex
+            talking = asyncio.ensure_future(exchange())
+            gone = asyncio.ensure_future(disconnect.wait())
+            await asyncio.wait({talking, gone}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (talking, gone):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await task
             return ex
-        talking = asyncio.ensure_future(exchange())
-        gone = asyncio.ensure_future(disconnect.wait())
-        await asyncio.wait({talking, gone}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (talking, gone):
-            task.cancel()  # an unfinished exchange closes its connection as it unwinds
-            with contextlib.suppress(asyncio.CancelledError, httpx.TransportError):
-                await task
-        return ex
+        finally:
+            if response is not None:
+                client.done(response)  # an unfinished exchange's connection is closed here
 
     async def post(self, path: str, body: Any, **kw: Any) -> Exchange:
         return await self.request("POST", path, body, **kw)
