@@ -154,6 +154,7 @@ async def test_client_disconnect_aborts_on_the_same_worker() -> None:
     async with GatewayHarness([worker]) as gw:
         task = asyncio.create_task(gw.post(CHAT, chat(stream=True), disconnect=gone))
         await asyncio.wait_for(worker.held.wait(), 5)
+        assert gw.lane_writes  # committed: chunks were going straight to the client's socket
         gone.set()  # the client closes its connection mid-stream
         ex = await asyncio.wait_for(task, 5)
         await wait_for(lambda: worker.aborted)
@@ -268,3 +269,45 @@ def test_every_connection_header_names_hop_by_hop_headers() -> None:
     read, forward = client_headers(raw, frozenset({b"x-session-id"}))
     assert read == {b"x-session-id": b"s1"}
     assert forward == [(b"x-session-id", b"s1"), (b"traceparent", b"00-1-2-01")]
+
+
+async def test_committed_stream_leaves_through_the_direct_lane_byte_identical() -> None:
+    """Past the commit point the relay writes the worker's bytes straight to the client's
+    connection (the server's direct lane); the client still gets exactly the worker's stream."""
+    worker = FakeWorker(texts=tuple(f"piece {i} " for i in range(40)))
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
+    assert ex.complete
+    assert ex.body == b"".join(chat_chunks(worker.requests[0]["rid"], worker.texts))
+    assert gw.lanes_offered == 1
+    assert gw.lane_writes >= 1
+
+
+async def test_slow_reader_pauses_the_worker_and_gets_every_byte() -> None:
+    """A client that stops reading stops the gateway reading the worker: the worker cannot get
+    its stream out (TCP pushes back all the way) while the gateway holds no more than a write
+    buffer's worth for that client; reading on delivers every byte, in order."""
+    total = 32 * 1024 * 1024
+    piece = "x" * (32 * 1024)
+    worker = FakeWorker(texts=(piece,) * (total // len(piece)))
+    async with GatewayHarness([worker]) as gw:
+        assert gw.client is not None and gw.server is not None
+        body = orjson.dumps(chat(stream=True, stream_options={"include_usage": True}))
+        response = await gw.client.open("POST", CHAT, body, {"content-type": "application/json"})
+        got = bytearray()
+        while b"\n\n" not in got:
+            part = await response.read()
+            assert part is not None
+            got += part
+        # The client reads no more.
+        await wait_for(lambda: worker.stalled.is_set() or worker.finished.is_set(), timeout=30)
+        assert not worker.finished.is_set(), (
+            "the gateway read the whole stream for a stalled client"
+        )
+        buffered = [c.transport.get_write_buffer_size() for c in gw.server.server_state.connections]
+        assert max(buffered) <= 512 * 1024
+        while (part := await response.read()) is not None:
+            got += part
+        gw.client.done(response)
+        assert worker.finished.is_set()
+    assert bytes(got) == b"".join(chat_chunks(worker.requests[0]["rid"], worker.texts))
