@@ -353,33 +353,29 @@ class Client:
         path: str,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
-        *,
-        fresh: bool = False,
     ) -> Response:
-        """Send a request and return once the response's status and headers arrived."""
+        """Send a request (on a kept-alive connection when there is one) and return once the
+        response's status and headers arrived."""
         head = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}"]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if content is not None:
             head.append(f"content-length: {len(content)}")
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (content or b"")
-        while self._idle and not fresh:
+        while self._idle:
             reader, writer = self._idle.pop()
-            if writer.is_closing() or reader.at_eof():
-                writer.close()
-                continue
-            response = Response(reader, writer)
-            writer.write(request)
-            try:
-                await response._head()
-            except ConnectionError:  # closed while idle: try another connection
-                writer.close()
-                continue
-            return response
-        reader, writer = await asyncio.open_connection(self.host, self.port)
-        self._open.add(writer)
+            if not writer.is_closing() and not reader.at_eof():
+                break
+            writer.close()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            self._open.add(writer)
         response = Response(reader, writer)
         writer.write(request)
-        await response._head()
+        try:
+            await response._head()
+        except BaseException:  # no answer (or the client gave up waiting): hang up
+            writer.close()
+            raise
         return response
 
     def done(self, response: Response) -> None:
