@@ -81,7 +81,7 @@ async def test_errors_name_no_worker(worker: FakeWorker) -> None:
     async with GatewayHarness([worker], **settings) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
     assert b'"error"' in ex.body
-    assert worker.name.encode() not in ex.body
+    assert b"127.0.0.1" not in ex.body
     assert b":%d" % worker.port not in ex.body
     assert b"Traceback" not in ex.body
 
@@ -94,5 +94,5 @@ async def test_unreachable_worker_is_not_named() -> None:
     assert ex.status == 502
     error = ex.json()["error"]
     assert error["code"] == "upstream_unavailable"
-    assert gone.name not in error["message"]
+    assert "127.0.0.1" not in error["message"]
     assert f":{gone.port}" not in error["message"]
