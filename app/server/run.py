@@ -117,12 +117,12 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
     return 0
 
 
-def _server(
-    settings: Settings, log_config: dict[str, Any], metrics_sock: socket.socket | None = None
-) -> uvicorn.Server:
-    """One process's gateway app under uvicorn (and its metrics port, when configured)."""
-    app = create_app(settings)
-    config = uvicorn.Config(
+def uvicorn_config(
+    app: Any, settings: Settings, log_config: dict[str, Any] | None = None
+) -> uvicorn.Config:
+    """The gateway app under uvicorn as ``serve`` runs it: the guarded httptools protocol (which
+    offers the relay's direct lane), lifespan on, no access log, ``X-Forwarded-*`` ignored."""
+    return uvicorn.Config(
         app,
         http=guarded_protocol(
             GuardLimits(
@@ -140,6 +140,14 @@ def _server(
         timeout_graceful_shutdown=max(1, round(settings.drain_s)),
         timeout_keep_alive=max(1, round(settings.timeouts.client_keepalive_s)),
     )
+
+
+def _server(
+    settings: Settings, log_config: dict[str, Any], metrics_sock: socket.socket | None = None
+) -> uvicorn.Server:
+    """One process's gateway app under uvicorn (and its metrics port, when configured)."""
+    app = create_app(settings)
+    config = uvicorn_config(app, settings, log_config)
     gateway: Gateway = app.state.gateway
     metrics = None
     if metrics_sock is not None:

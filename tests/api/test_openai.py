@@ -1,4 +1,4 @@
-"""Request validation, model listing and ops endpoints (in-process, fake workers)."""
+"""Request validation, model listing and ops endpoints (in process, fake workers on loopback)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness
 
 CHAT = "/v1/chat/completions"
-W1 = "http://10.0.0.1:30000"
 
 
 def _error(ex: object) -> dict[str, object]:
@@ -34,7 +33,7 @@ def _error(ex: object) -> dict[str, object]:
     ],
 )
 async def test_invalid_requests_are_400(path: str, raw: bytes, param: str | None) -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         ex = await gw.request("POST", path, raw=raw)
     assert ex.status == 400
@@ -45,14 +44,14 @@ async def test_invalid_requests_are_400(path: str, raw: bytes, param: str | None
 
 
 async def test_unknown_model_is_404_model_not_found() -> None:
-    async with GatewayHarness([FakeWorker(W1)]) as gw:
+    async with GatewayHarness([FakeWorker()]) as gw:
         ex = await gw.post(CHAT, {"model": "gpt-9", "messages": [{"role": "user"}]})
     assert ex.status == 404
     assert _error(ex)["code"] == "model_not_found"
 
 
 async def test_body_over_the_limit_is_413() -> None:
-    async with GatewayHarness([FakeWorker(W1)], limits={"max_body_bytes": 1024}) as gw:
+    async with GatewayHarness([FakeWorker()], limits={"max_body_bytes": 1024}) as gw:
         big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 2000}]}
         ex = await gw.post(CHAT, big)
     assert ex.status == 413
@@ -60,7 +59,7 @@ async def test_body_over_the_limit_is_413() -> None:
 
 
 async def test_completions_route_is_proxied() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         ex = await gw.post("/v1/completions", {"model": MODEL, "prompt": "2+2="})
     assert ex.status == 200
@@ -68,7 +67,7 @@ async def test_completions_route_is_proxied() -> None:
 
 
 async def test_models_lists_pool_models_and_aliases() -> None:
-    async with GatewayHarness([FakeWorker(W1)]) as gw:
+    async with GatewayHarness([FakeWorker()]) as gw:
         ex = await gw.request("GET", "/v1/models")
     data = ex.json()["data"]
     ids = [m["id"] for m in data]
@@ -78,16 +77,15 @@ async def test_models_lists_pool_models_and_aliases() -> None:
 
 
 async def test_unknown_v1_route_is_openai_404() -> None:
-    async with GatewayHarness([FakeWorker(W1)]) as gw:
+    async with GatewayHarness([FakeWorker()]) as gw:
         ex = await gw.request("GET", "/v1/embeddings-nope")
     assert ex.status == 404
     _error(ex)
 
 
 async def test_ops_endpoints() -> None:
-    async with GatewayHarness(
-        [FakeWorker(W1), FakeWorker("http://10.0.0.2:1", healthy=False)]
-    ) as gw:
+    ready_worker, starting_worker = FakeWorker(), FakeWorker(healthy=False)
+    async with GatewayHarness([ready_worker, starting_worker]) as gw:
         await gw.post(CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
         live = await gw.request("GET", "/livez")
         ready = await gw.request("GET", "/readyz")
@@ -100,9 +98,9 @@ async def test_ops_endpoints() -> None:
     assert live.status == 200 and ready.status == 200 and health.status == 200
     assert not_ready.status == 503
     table = {w["name"]: w for w in workers.json()["workers"]}
-    assert table["10.0.0.1:30000"]["state"] == "healthy"
-    assert table["10.0.0.1:30000"]["in_flight"] == 0
-    assert table["10.0.0.2:1"]["state"] == "starting"
+    assert table[ready_worker.name]["state"] == "healthy"
+    assert table[ready_worker.name]["in_flight"] == 0
+    assert table[starting_worker.name]["state"] == "starting"
     text = metrics.body.decode()
     assert (
         'dflash_gateway_requests_total{model="moonshotai/Kimi-K2.5",'

@@ -8,7 +8,6 @@ import random
 import uuid
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -20,22 +19,12 @@ from app.workers.worker import WorkerLoad
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, chat_chunks, sse
 
 CHAT = "/v1/chat/completions"
-W1, W2 = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
 META = {"spec_verify_ct": 2, "spec_accept_length": 1.5, "completion_tokens": 3}
 
 
-class MetaWorker(FakeWorker):
+def meta_worker() -> FakeWorker:
     """Answers ``return_meta_info`` like SGLang: ``meta_info`` inside each choice."""
-
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        response = await super().handle(request)
-        body = self.requests[-1] if request.url.path.startswith("/v1/") and self.requests else {}
-        if request.method != "POST" or body.get("stream") or not body.get("return_meta_info"):
-            return response
-        doc = orjson.loads(response.content)
-        for choice in doc["choices"]:
-            choice["meta_info"] = dict(META)
-        return httpx.Response(200, content=orjson.dumps(doc))
+    return FakeWorker(meta_info=META)
 
 
 def chat(**extra: object) -> dict[str, object]:
@@ -62,7 +51,7 @@ async def scrape(gw: GatewayHarness) -> str:
 
 
 async def test_non_streamed_chat_is_exact_and_meta_info_is_stripped() -> None:
-    worker = MetaWorker(W1)
+    worker = meta_worker()
     async with GatewayHarness([worker]) as gw:
         plain = await gw.post(CHAT, chat())
         asked = await gw.post(CHAT, chat(return_meta_info=True))
@@ -73,7 +62,7 @@ async def test_non_streamed_chat_is_exact_and_meta_info_is_stripped() -> None:
     assert int(plain.headers["content-length"]) == len(plain.body)
     assert asked.json()["choices"][0]["meta_info"] == META
     assert "x-dflash-accept-length" not in plain.headers  # off by default
-    assert value(text, "dflash_gateway_spec_verify_steps_total", worker="10.0.0.1:30000") == 4
+    assert value(text, "dflash_gateway_spec_verify_steps_total", worker=worker.name) == 4
     assert value(text, "dflash_gateway_completion_tokens_total", model=MODEL) == 6
     assert value(text, "dflash_gateway_prompt_tokens_total", model=MODEL) == 14
     assert value(text, "dflash_gateway_spec_accept_length_sum", source="exact") == 3.0
@@ -84,13 +73,13 @@ async def test_non_streamed_chat_is_exact_and_meta_info_is_stripped() -> None:
 
 
 async def test_exposed_accept_length_header_on_non_streamed() -> None:
-    async with GatewayHarness([MetaWorker(W1)], expose_accept_length=True) as gw:
+    async with GatewayHarness([meta_worker()], expose_accept_length=True) as gw:
         ex = await gw.post(CHAT, chat())
     assert ex.headers["x-dflash-accept-length"] == "1.5000"
 
 
 async def test_stream_is_estimated_from_its_chunks() -> None:
-    worker = FakeWorker(W1, texts=("a", "b", "c", "d", "e", "f"))
+    worker = FakeWorker(texts=("a", "b", "c", "d", "e", "f"))
     async with GatewayHarness([worker]) as gw:
         ex = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
         text = await scrape(gw)
@@ -109,7 +98,7 @@ async def test_stream_is_estimated_from_its_chunks() -> None:
 
 
 async def test_exposed_accept_length_on_the_usage_chunk_the_client_asked_for() -> None:
-    worker = FakeWorker(W1, texts=("a", "b", "c", "d"))
+    worker = FakeWorker(texts=("a", "b", "c", "d"))
     async with GatewayHarness([worker], expose_accept_length=True) as gw:
         asked = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
         forced = await gw.post(CHAT, chat(stream=True))
@@ -191,17 +180,18 @@ def test_model_labels_are_bounded() -> None:
 
 
 async def test_worker_gauges_come_from_the_pool_when_scraped() -> None:
-    async with GatewayHarness([FakeWorker(W1), FakeWorker(W2)]) as gw:
+    workers = [FakeWorker(), FakeWorker()]
+    async with GatewayHarness(workers) as gw:
         first = await scrape(gw)
         pool = gw.gateway.pool
-        one = pool.get("10.0.0.1:30000")
+        one = pool.get(workers[0].name)
         one.load = WorkerLoad(gen_throughput=812.5, accept_length=4.25, accept_rate=0.46)
         for _ in range(5):
             one.breaker.on_failure()
         second = await scrape(gw)
-        pool.reconcile([e for e in _endpoints(pool) if e.name != "10.0.0.2:30000"])
+        pool.reconcile([e for e in _endpoints(pool) if e.name != workers[1].name])
         third = await scrape(gw)
-    w1, w2 = {"worker": "10.0.0.1:30000"}, {"worker": "10.0.0.2:30000"}
+    w1, w2 = {"worker": workers[0].name}, {"worker": workers[1].name}
     for w in (w1, w2):
         assert value(first, "dflash_gateway_worker_up", **w) == 1
         assert value(first, "dflash_gateway_worker_breaker_state", **w) == 0
@@ -214,7 +204,7 @@ async def test_worker_gauges_come_from_the_pool_when_scraped() -> None:
     assert value(second, "dflash_gateway_worker_spec_accept_rate", **w1) == 0.46
     assert value(second, "dflash_gateway_worker_output_throughput_tokens_per_second", **w1) == 812.5
     # A worker that left: its gauges go, its counters stay.
-    left = {name for name, lbls in series(third) if ("worker", "10.0.0.2:30000") in lbls}
+    left = {name for name, lbls in series(third) if ("worker", workers[1].name) in lbls}
     assert left == {
         "dflash_gateway_upstream_attempts_total",
         "dflash_gateway_prompt_tokens_total",
@@ -233,7 +223,7 @@ def _endpoints(pool: Any) -> list[Any]:
 async def test_cardinality_stays_bounded_under_hostile_input() -> None:
     """1,000 distinct model names, 1,000 distinct users and random paths add no series."""
     rng = random.Random(11)
-    async with GatewayHarness([FakeWorker(W1)]) as gw:
+    async with GatewayHarness([FakeWorker()]) as gw:
         await gw.post(CHAT, chat())
         await gw.post(CHAT, chat(stream=True))
         await gw.post(CHAT, chat(model="unknown"))  # the 404 series

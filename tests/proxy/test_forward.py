@@ -1,4 +1,4 @@
-"""The proxy against scripted workers (httpx.MockTransport), driven through raw ASGI."""
+"""The proxy against scripted workers on loopback, served as `dflash-gateway serve` serves it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from app.errors import SSE_DONE
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, chat_chunks, wait_for
 
 CHAT = "/v1/chat/completions"
-W1, W2 = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
 
 
 def chat(**extra: object) -> dict[str, object]:
@@ -24,7 +23,7 @@ def events(body: bytes) -> list[bytes]:
 
 
 async def test_stream_relays_the_workers_bytes_and_drops_the_forced_usage_chunk() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
     sent = worker.requests[0]
@@ -40,14 +39,14 @@ async def test_stream_relays_the_workers_bytes_and_drops_the_forced_usage_chunk(
 
 
 async def test_stream_with_include_usage_is_byte_identical() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         ex = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
     assert ex.body == b"".join(chat_chunks(worker.requests[0]["rid"], worker.texts))
 
 
 async def test_non_stream_body_is_the_workers() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         ex = await gw.post(CHAT, chat())
     assert ex.status == 200
@@ -57,7 +56,7 @@ async def test_non_stream_body_is_the_workers() -> None:
 
 
 async def test_body_forwarded_with_fresh_rid_and_unknown_fields() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         await gw.post(CHAT, chat(rid="client-rid", foo={"bar": [1, 2]}, top_k=5))
         await gw.post(CHAT, chat(foo=1))
@@ -69,7 +68,7 @@ async def test_body_forwarded_with_fresh_rid_and_unknown_fields() -> None:
 
 
 async def test_headers_to_workers() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker], worker_api_key="worker-secret") as gw:
         ex = await gw.post(
             CHAT,
@@ -94,14 +93,14 @@ async def test_headers_to_workers() -> None:
 
 
 async def test_no_client_authorization_without_a_worker_key() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         await gw.post(CHAT, chat(), headers={"Authorization": "Bearer client-key"})
     assert "authorization" not in worker.headers[0]
 
 
 async def test_max_tokens_default_and_clamp() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     limits = {"default_max_tokens": 100, "max_tokens_cap": 1000}
     async with GatewayHarness([worker], limits=limits) as gw:
         await gw.post(CHAT, chat())
@@ -114,7 +113,7 @@ async def test_max_tokens_default_and_clamp() -> None:
 
 
 async def test_alias_is_resolved_for_the_worker() -> None:
-    worker = FakeWorker(W1)
+    worker = FakeWorker()
     async with GatewayHarness([worker]) as gw:
         ex = await gw.post(CHAT, chat(model="kimi-k2.5"))
     assert ex.status == 200
@@ -122,58 +121,60 @@ async def test_alias_is_resolved_for_the_worker() -> None:
 
 
 async def test_no_buffering_chunk_k_arrives_while_the_worker_holds() -> None:
-    worker = FakeWorker(W1, hold_after=2)
+    worker = FakeWorker(hold_after=2)
     got: list[bytes] = []
     async with GatewayHarness([worker]) as gw:
         task = asyncio.create_task(gw.post(CHAT, chat(stream=True), on_chunk=got.append))
         await asyncio.wait_for(worker.held.wait(), 5)
-        await wait_for(lambda: len(got) >= 2)
+        sent = chat_chunks(worker.requests[0]["rid"], worker.texts)[:2]
+        await wait_for(lambda: b"".join(got) == b"".join(sent))
         assert not task.done()
-        assert got[1] == chat_chunks(worker.requests[0]["rid"], worker.texts)[1]
         worker.release.set()
         ex = await task
     assert ex.body.endswith(SSE_DONE)
 
 
 async def test_keepalive_during_silence_then_the_stream_continues() -> None:
-    worker = FakeWorker(W1, hold_after=0)
+    worker = FakeWorker(hold_after=0)
     got: list[bytes] = []
     async with GatewayHarness([worker], timeouts={"keepalive_s": 0.05}) as gw:
         task = asyncio.create_task(gw.post(CHAT, chat(stream=True), on_chunk=got.append))
-        await wait_for(lambda: b": keep-alive\n\n" in got)
+        await wait_for(lambda: b": keep-alive\n\n" in b"".join(got))
         worker.release.set()
         ex = await task
     assert ex.status == 200
-    assert ex.chunks[0] == b": keep-alive\n\n"
-    assert ex.body.endswith(SSE_DONE)
+    assert ex.body.startswith(b": keep-alive\n\n")
+    data = [e for e in events(ex.body) if e != b": keep-alive\n\n"]
+    assert data == [*chat_chunks(worker.requests[0]["rid"], worker.texts)[:-2], SSE_DONE]
 
 
 async def test_client_disconnect_aborts_on_the_same_worker() -> None:
-    worker = FakeWorker(W1, hold_after=2)
+    worker = FakeWorker(hold_after=2)
     gone = asyncio.Event()
     async with GatewayHarness([worker]) as gw:
         task = asyncio.create_task(gw.post(CHAT, chat(stream=True), disconnect=gone))
         await asyncio.wait_for(worker.held.wait(), 5)
-        gone.set()
-        await asyncio.wait_for(task, 5)
+        gone.set()  # the client closes its connection mid-stream (committed: the direct lane)
+        ex = await asyncio.wait_for(task, 5)
         await wait_for(lambda: worker.aborted)
         assert worker.aborted == [worker.requests[0]["rid"]]
-        assert worker.closed.is_set()
-        assert gw.gateway.pool.workers[0].in_flight == 0
+        await asyncio.wait_for(worker.closed.wait(), 5)  # the worker connection was dropped too
+        await wait_for(lambda: gw.gateway.pool.workers[0].in_flight == 0)
+    assert ex.status == 200 and not ex.complete
 
 
 async def test_worker_dying_mid_stream_gives_error_event_then_done() -> None:
-    worker = FakeWorker(W1, die_after=3)
-    other = FakeWorker(W2)
-    async with GatewayHarness([worker, other]) as gw:
+    workers = [FakeWorker(die_after=3), FakeWorker(die_after=3)]
+    async with GatewayHarness(workers) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
     assert ex.status == 200
     evs = events(ex.body)
     assert evs[-1] == SSE_DONE
     err = orjson.loads(evs[-2][len(b"data: ") :])
     assert err["error"]["code"] == "stream_interrupted"
+    (worker,) = [w for w in workers if w.requests]  # committed: never retried on the other
+    assert len(worker.requests) == 1
     assert evs[:-2] == chat_chunks(worker.requests[0]["rid"], worker.texts)[:3]
-    assert not other.requests  # committed: never retried
 
 
 @pytest.mark.parametrize(
@@ -182,8 +183,8 @@ async def test_worker_dying_mid_stream_gives_error_event_then_done() -> None:
 async def test_failure_before_commit_is_retried_on_another_worker(
     failure: dict[str, int],
 ) -> None:
-    bad = FakeWorker(W1, **failure)  # type: ignore[arg-type]
-    good = FakeWorker(W2)
+    bad = FakeWorker(**failure)  # type: ignore[arg-type]
+    good = FakeWorker()
     async with GatewayHarness([bad, good], policy="round_robin") as gw:
         results = [await gw.post(CHAT, chat(stream=True)) for _ in range(2)]
     for ex in results:
@@ -197,7 +198,7 @@ async def test_failure_before_commit_is_retried_on_another_worker(
 
 
 async def test_all_workers_failing_returns_their_status_with_retry_after() -> None:
-    async with GatewayHarness([FakeWorker(W1, fail_status=503)]) as gw:
+    async with GatewayHarness([FakeWorker(fail_status=503)]) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
     assert ex.status == 503
     assert ex.headers["retry-after"]
@@ -205,7 +206,7 @@ async def test_all_workers_failing_returns_their_status_with_retry_after() -> No
 
 
 async def test_worker_4xx_is_rewrapped_and_not_retried() -> None:
-    bad, good = FakeWorker(W1, fail_status=400), FakeWorker(W2)
+    bad, good = FakeWorker(fail_status=400), FakeWorker()
     async with GatewayHarness([bad, good], policy="round_robin") as gw:
         ex = await gw.post(CHAT, chat())
     assert ex.status == 400
@@ -214,7 +215,7 @@ async def test_worker_4xx_is_rewrapped_and_not_retried() -> None:
 
 
 async def test_upstream_timeout_is_504_and_aborted() -> None:
-    worker = FakeWorker(W1, hang=True)
+    worker = FakeWorker(hang=True)
     async with GatewayHarness([worker], timeouts={"first_byte_s": 0.1}) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
         await wait_for(lambda: worker.aborted)
@@ -224,7 +225,7 @@ async def test_upstream_timeout_is_504_and_aborted() -> None:
 
 
 async def test_idle_timeout_after_commit_is_an_error_event() -> None:
-    worker = FakeWorker(W1, hold_after=2)
+    worker = FakeWorker(hold_after=2)
     async with GatewayHarness([worker], timeouts={"idle_s": 0.1}) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
         await wait_for(lambda: worker.aborted)
@@ -235,7 +236,7 @@ async def test_idle_timeout_after_commit_is_an_error_event() -> None:
 
 
 async def test_no_healthy_worker_is_503_with_retry_after() -> None:
-    async with GatewayHarness([FakeWorker(W1), FakeWorker(W2, healthy=False)]) as gw:
+    async with GatewayHarness([FakeWorker(), FakeWorker(healthy=False)]) as gw:
         gw.gateway.pool.workers[0].state = gw.gateway.pool.workers[1].state
         ex = await gw.post(CHAT, chat())
     assert ex.status == 503
@@ -243,7 +244,7 @@ async def test_no_healthy_worker_is_503_with_retry_after() -> None:
 
 
 async def test_total_time_limit_ends_a_long_stream_with_an_error_event() -> None:
-    worker = FakeWorker(W1, hold_after=2)
+    worker = FakeWorker(hold_after=2)
     async with GatewayHarness([worker], timeouts={"total_s": 0.2}) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
         await wait_for(lambda: worker.aborted)
@@ -267,3 +268,45 @@ def test_every_connection_header_names_hop_by_hop_headers() -> None:
     read, forward = client_headers(raw, frozenset({b"x-session-id"}))
     assert read == {b"x-session-id": b"s1"}
     assert forward == [(b"x-session-id", b"s1"), (b"traceparent", b"00-1-2-01")]
+
+
+async def test_committed_stream_leaves_through_the_direct_lane_byte_identical() -> None:
+    """Past the commit point the relay writes the worker's bytes straight to the client's
+    connection (the server's direct lane); the client still gets exactly the worker's stream."""
+    worker = FakeWorker(texts=tuple(f"piece {i} " for i in range(40)))
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
+    assert ex.complete
+    assert ex.body == b"".join(chat_chunks(worker.requests[0]["rid"], worker.texts))
+    assert gw.lanes_offered == 1
+    assert gw.lane_writes >= 1
+
+
+async def test_slow_reader_pauses_the_worker_and_gets_every_byte() -> None:
+    """A client that stops reading stops the gateway reading the worker: the worker cannot get
+    its stream out (TCP pushes back all the way) while the gateway holds no more than a write
+    buffer's worth for that client; reading on delivers every byte, in order."""
+    total = 32 * 1024 * 1024  # four times what the socket buffers on the way hold on loopback
+    piece = "x" * (32 * 1024)
+    worker = FakeWorker(texts=(piece,) * (total // len(piece)))
+    async with GatewayHarness([worker]) as gw:
+        assert gw.client is not None and gw.server is not None
+        body = orjson.dumps(chat(stream=True, stream_options={"include_usage": True}))
+        response = await gw.client.open("POST", CHAT, body, {"content-type": "application/json"})
+        got = bytearray()
+        while b"\n\n" not in got:
+            part = await response.read()
+            assert part is not None
+            got += part
+        # The client reads no more.
+        await wait_for(lambda: worker.stalled.is_set() or worker.finished.is_set(), timeout=30)
+        assert not worker.finished.is_set(), (
+            "the gateway read the whole stream for a stalled client"
+        )
+        buffered = [c.transport.get_write_buffer_size() for c in gw.server.server_state.connections]
+        assert max(buffered) <= 512 * 1024
+        while (part := await response.read()) is not None:
+            got += part
+        gw.client.done(response)
+        assert worker.finished.is_set()
+    assert bytes(got) == b"".join(chat_chunks(worker.requests[0]["rid"], worker.texts))

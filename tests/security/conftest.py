@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.support.gateway import pytest_asyncio_loop_factories  # the harness on uvloop
 from tests.support.procs import ProcessManager
 
 
@@ -31,3 +32,6 @@ def redis_url(procs: ProcessManager) -> str:
                 raise
             time.sleep(0.05)
     return f"redis://127.0.0.1:{proc.port}/0"
+
+
+__all__ = ["pytest_asyncio_loop_factories", "redis_url"]
