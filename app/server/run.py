@@ -1,5 +1,6 @@
 """``dflash-gateway serve``: the gateway under uvicorn (uvloop + httptools, TCP_NODELAY), with
-deadlines and a size cap for request headers and bodies (``app.server.guard``).
+deadlines and a size cap for request headers and bodies and a cap on open connections
+(``app.server.guard``).
 
 With no worker source configured (``Settings.embedded_default``) the emulated workers are
 started first and stopped last, whatever ends the server: Ctrl-C, SIGTERM or an error.
@@ -23,6 +24,7 @@ import orjson
 import uvicorn
 
 from app.accesslog import configure_logging
+from app.api.access import refusals
 from app.config import Settings
 from app.gateway import Gateway
 from app.main import create_app
@@ -81,7 +83,7 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
             if settings.processes > 1:
                 socks = listen_shared(settings.host, settings.port, settings.processes)
                 msocks = (
-                    listen_shared(settings.host, settings.metrics_port, settings.processes)
+                    listen_shared(settings.metrics_host, settings.metrics_port, settings.processes)
                     if settings.metrics_port is not None
                     else None
                 )
@@ -103,7 +105,7 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
                 return 0
             sock = listen(settings.host, settings.port)
             msock = (
-                listen(settings.host, settings.metrics_port)
+                listen(settings.metrics_host, settings.metrics_port)
                 if settings.metrics_port is not None
                 else None
             )
@@ -122,15 +124,20 @@ def _server(
 ) -> uvicorn.Server:
     """One process's gateway app under uvicorn (and its metrics port, when configured)."""
     app = create_app(settings)
+    gateway: Gateway = app.state.gateway
+    protocol = guarded_protocol(
+        GuardLimits(
+            header_s=settings.timeouts.client_header_s,
+            body_s=settings.timeouts.client_body_s,
+            max_header_bytes=settings.limits.max_header_bytes,
+            max_connections=settings.limits.max_connections,
+            retry_after_s=settings.admission.retry_after_s,
+        ),
+        refusals(gateway),
+    )
     config = uvicorn.Config(
         app,
-        http=guarded_protocol(
-            GuardLimits(
-                header_s=settings.timeouts.client_header_s,
-                body_s=settings.timeouts.client_body_s,
-                max_header_bytes=settings.limits.max_header_bytes,
-            )
-        ),
+        http=protocol,
         lifespan="on",
         access_log=False,
         # X-Forwarded-* would only rewrite scope["client"], which the gateway never reads.
@@ -140,10 +147,9 @@ def _server(
         timeout_graceful_shutdown=max(1, round(settings.drain_s)),
         timeout_keep_alive=max(1, round(settings.timeouts.client_keepalive_s)),
     )
-    gateway: Gateway = app.state.gateway
     metrics = None
     if metrics_sock is not None:
-        metrics = (MetricsServer(gateway, log_config, settings.log_level), metrics_sock)
+        metrics = (MetricsServer(gateway, log_config, settings.log_level, protocol), metrics_sock)
     return DrainingServer(config, gateway, settings.drain_accept_s, metrics)
 
 
