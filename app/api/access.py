@@ -45,14 +45,14 @@ def reject(
     request_id: str,
     error: GatewayError,
     *,
-    model: str | None = None,
     key: str | None = None,
     duration_s: float | None = None,
 ) -> None:
-    """Record a request answered with ``error`` before any worker was asked."""
-    gw.metrics.record_request(route, model or OTHER, error.status)
+    """Record a request answered with ``error`` before any worker was asked (its model is not
+    named: it may be any string a client sent)."""
+    gw.metrics.record_request(route, OTHER, error.status)
     record = AccessRecord(
-        request_id, route, model or NO_MODEL, False, key=key, status=error.status, outcome=REJECTED
+        request_id, route, NO_MODEL, False, key=key, status=error.status, outcome=REJECTED
     )
     record.error = error.message
     if duration_s is not None:

@@ -58,7 +58,6 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
     request_id = request_id_of(scope)
     key: str | None = None
     slot: contextlib.AsyncExitStack | None = None
-    parsed: ParsedRequest | None = None
     try:
         read, forwarded = client_headers(scope["headers"], _READ)
         authorization = read.get(b"authorization")
@@ -78,9 +77,7 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
         if not isinstance(exc, GatewayError):  # a bug: log it, never show it
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")
-        model = parsed.served_model if parsed is not None else None
-        took = gw.proxy.now() - started
-        reject(gw, route.value, request_id, exc, model=model, key=key, duration_s=took)
+        reject(gw, route.value, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
         await send_error(send, exc, request_id.encode("ascii"))
         return
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
