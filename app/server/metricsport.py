@@ -10,8 +10,6 @@ process; the gateway's uvicorn server owns the signals and stops this one when i
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -26,6 +24,7 @@ from app.errors import GatewayError, MethodNotAllowed, NotFound
 from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE, OTHER
 from app.server.guard import GuardedConnection
+from app.server.uvicorn_adapter import Server
 
 
 def metrics_app(gateway: Gateway) -> Any:
@@ -69,7 +68,10 @@ def metrics_app(gateway: Gateway) -> Any:
     return app
 
 
-class MetricsServer(uvicorn.Server):
+class MetricsServer(Server):
+    # The gateway's server in the same loop handles SIGTERM/SIGINT (drain) and stops this one.
+    owns_signals = False
+
     def __init__(
         self,
         gateway: Gateway,
@@ -86,8 +88,3 @@ class MetricsServer(uvicorn.Server):
             http=protocol,
         )
         super().__init__(config)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # The gateway's server in the same loop handles SIGTERM/SIGINT (drain) and stops us.
-        yield

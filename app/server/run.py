@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import orjson
@@ -33,6 +32,7 @@ from app.server.guard import GuardLimits, guarded_protocol
 from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
 from app.server.sockets import listen, listen_shared
+from app.server.uvicorn_adapter import Server
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _server(
     return DrainingServer(config, gateway, settings.drain_accept_s, metrics)
 
 
-class DrainingServer(uvicorn.Server):
+class DrainingServer(Server):
     """uvicorn, with SIGTERM as a graceful drain instead of an immediate stop.
 
     The first SIGTERM marks the gateway draining (``/readyz`` → 503) and keeps serving new
@@ -174,14 +174,14 @@ class DrainingServer(uvicorn.Server):
         self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def intercept(self, sig: int) -> bool:
         loop = self._loop
         if sig == signal.SIGTERM and not self._gateway.draining and loop is not None:
             self._gateway.draining = True
             log.info("SIGTERM: draining; new requests accepted for %.1f s", self._accept_s)
             loop.call_soon_threadsafe(loop.call_later, self._accept_s, self._stop_accepting)
-            return
-        super().handle_exit(sig, frame)
+            return True
+        return False
 
     def _stop_accepting(self) -> None:
         log.info("drain: no new requests; waiting for in-flight ones to finish")

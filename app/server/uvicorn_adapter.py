@@ -12,15 +12,20 @@ connection (``opened``, ``read_done``, ``head_began``, ``head_piece``, ``head_co
 ``stop_request``, ``open_connections``, ``target``). ``app.server.guard`` fills in the hooks.
 
 ``ResponseLane`` is one request's chunked body writes straight to the transport
-(``app.proxy.direct.DirectBody``).
+(``app.proxy.direct.DirectBody``). ``Server`` is ``uvicorn.Server`` with its signal handling
+open to a subclass (``intercept``) or left to another server in the same loop
+(``owns_signals = False``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 # After a refusal the connection is half-closed and what the client still sends is read and
@@ -221,3 +226,25 @@ class HttpConnection(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self.message_completed()
         super().on_message_complete()
+
+
+class Server(uvicorn.Server):
+    """``uvicorn.Server``; ``started`` and ``should_exit`` are its own (public) flags."""
+
+    owns_signals = True  # False: another server in this loop handles SIGINT/SIGTERM
+
+    def intercept(self, sig: int) -> bool:
+        """A shutdown signal arrived: True if handled here, else uvicorn stops as usual."""
+        return False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.intercept(sig):
+            super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if self.owns_signals:
+            with super().capture_signals():
+                yield
+        else:
+            yield
