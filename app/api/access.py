@@ -103,7 +103,7 @@ class AccessMiddleware:
             end = gw.proxy.now()
             record = AccessRecord(request_id_of(scope), route, NO_MODEL, False, status=status)
             record.duration_ms = round((end - started) * 1000, 3)
-            if status >= 400:
+            if 400 <= status < 500:
                 record.outcome = REJECTED
             if route in API_ROUTES:
                 gw.metrics.record_request(route, OTHER, status, end - started)

@@ -143,11 +143,6 @@ class HttpConnection(HttpToolsProtocol):
         client = self.client
         return f"{client[0]}:{client[1]}" if client else "unknown"
 
-    def answered(self) -> bool:
-        """The current request's response has started (or it has none yet)."""
-        cycle = self.cycle
-        return cycle is not None and not cycle.response_complete and cycle.response_started
-
     def stop_request(self) -> bool:
         """Stop the current request. Its application sees a disconnect from now on and what it
         sends is dropped; True. If its response is already under way it is left to finish, the
