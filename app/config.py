@@ -102,8 +102,16 @@ class TimeoutConfig(_Section):
 
 class LimitsConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    # Request line + headers; more is answered 431 and the connection closed.
+    # Request line + headers, counted as they arrive; more is answered 431 and the connection
+    # closed.
     max_header_bytes: int = Field(64 * 1024, ge=1024)
+    # Open client connections per process (with --processes N, N times this in all; the metrics
+    # port has its own allowance). One more is answered 503 + Retry-After at once and closed,
+    # without reading its request, so idle or slow connections cannot pin unbounded sockets and
+    # memory. 4096 is far above what the workers behind one process can stream (48 per worker,
+    # plus the admission queue, plus idle kept-alive connections from load balancers and client
+    # pools), and well inside the usual 65536 open-file limit.
+    max_connections: int = Field(4096, ge=1)
     # Used when a request sets neither max_tokens nor max_completion_tokens.
     default_max_tokens: int | None = Field(None, ge=1)
     # Requests asking for more are clamped to this value.
@@ -213,8 +221,11 @@ class Settings(BaseSettings):
     log_json: bool = False
     # Browser origins allowed by CORS; empty = CORS off.
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Serve /metrics on this port as well (e.g. scraped from inside the cluster only).
+    # Serve /metrics on this port instead (e.g. scraped from inside the cluster only), bound to
+    # metrics_host (loopback unless set: 0.0.0.0 lets Prometheus in a cluster reach it). It has
+    # the API port's header/body deadlines and size cap, and needs a key when auth.protect_ops.
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
     # Return each request's acceptance length to the client (header / usage field).
     expose_accept_length: bool = False
 

@@ -6,6 +6,7 @@
     ├── InvalidRequest                  400 invalid_request_error
     │   ├── PayloadTooLarge             413
     │   ├── RequestTimeout              408  the client sent its request too slowly
+    │   ├── UnsupportedMediaType        415  not a JSON body (or an encoded one)
     │   └── HeadersTooLarge             431
     ├── AuthenticationFailed            401 authentication_error (invalid_api_key)
     ├── NotFound                        404 (not_found)
@@ -113,6 +114,11 @@ class PayloadTooLarge(InvalidRequest):
 class RequestTimeout(InvalidRequest):
     status = 408
     code = "request_timeout"
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class HeadersTooLarge(InvalidRequest):

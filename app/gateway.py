@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.accesslog import AccessLog
 from app.auth import KeyStore
 from app.config import Settings
 from app.limits import Limiter
@@ -22,5 +23,6 @@ class Gateway:
     metrics: Metrics
     keys: KeyStore = field(default_factory=KeyStore)  # no keys: open
     limiter: Limiter | None = None  # per-key limits, when configured
+    access: AccessLog = field(default_factory=AccessLog)  # the access log (one line per answer)
     draining: bool = False  # SIGTERM received: not ready (new requests served a little longer)
     accepting: bool = True  # False once the drain window closed: new requests get 503

@@ -22,6 +22,7 @@ class Outcome(enum.StrEnum):
     NO_CAPACITY = "no_capacity"  # every worker full: queue full or timed out
     SHUTDOWN = "shutdown"  # the gateway stopped while the request ran
     INTERNAL_ERROR = "internal_error"  # a fault in the gateway itself
+    REJECTED = "rejected"  # refused before any worker was asked (4xx, or a protocol refusal)
     # An upstream attempt (upstream_attempts_total).
     CONNECT_ERROR = "connect_error"  # never reached the worker, or no response at all
     STATUS_ERROR = "status_error"  # the worker answered with an error status

@@ -1,6 +1,6 @@
 """The OpenAI surface as FastAPI sees it: ``/v1/models``, and the two completion routes declared
-for ``/openapi.json``, 405s and the CORS case; ``GatewayApp`` serves POSTs to those two itself
-before routing (``app.proxy.ingress``)."""
+for ``/openapi.json``, 405s and the CORS case; ``app.main.GatewayApp`` serves POSTs to those two
+itself, ahead of FastAPI (``app.proxy.ingress``)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,9 @@ class CompletionResponse(Response):
     """A completion request routed by FastAPI, answered by ``app.proxy.ingress.serve``."""
 
     def __init__(self, gw: Gateway, route: Route) -> None:
+        super().__init__()  # status and headers are decided by serve
         self._gw = gw
         self._route = route
-        self.background = None
-        self.status_code = 200  # decided by serve
-        self.raw_headers = []
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         await lane.serve(self._gw, self._route, scope, receive, send)

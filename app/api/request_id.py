@@ -1,8 +1,8 @@
 """X-Request-Id: accepted from the client (if sane) or minted, and echoed on every response.
 
 A pure ASGI middleware (no ``BaseHTTPMiddleware``): it touches only the response start message.
-It also leaves the send it was given in ``scope["dflash.send"]`` so the streaming proxy response
-can skip the per-chunk wrapper layers between here and the route.
+It also leaves the send it was given as the ASGI scope extension ``SEND_EXTENSION`` so the
+streaming proxy response can skip the per-chunk wrapper layers between here and the route.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from app.proxy.downstream import Message, Receive, Send
 
 HEADER = b"x-request-id"
+SEND_EXTENSION = "dflash.outer_send"
 _MAX_LEN = 128
 
 
@@ -36,6 +37,13 @@ def request_id_of(scope: dict[str, Any]) -> str:
     return request_id
 
 
+def outer_send(scope: dict[str, Any], send: Send) -> Send:
+    """The send ``RequestIdMiddleware`` was given, if it ran for this request, else ``send``."""
+    extensions = scope.get("extensions")
+    outer: Send | None = extensions.get(SEND_EXTENSION) if extensions else None
+    return outer or send
+
+
 class RequestIdMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -45,7 +53,7 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         raw = request_id_of(scope).encode("ascii")
-        scope["dflash.send"] = send
+        scope.setdefault("extensions", {})[SEND_EXTENSION] = send
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -70,6 +70,7 @@ _ERRORS: dict[int | str, str] = {
     404: "unknown model",
     408: "the request was sent too slowly",
     413: "body too large",
+    415: "the body is not JSON (Content-Type must be application/json) or is encoded",
     429: "per-key rate or concurrency limit (see Retry-After)",
     500: "internal error",
     502: "a worker failed",

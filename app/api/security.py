@@ -20,6 +20,7 @@ from fastapi import Depends, Request
 from app.auth import bearer_token
 from app.errors import AuthenticationFailed
 from app.gateway import Gateway
+from app.proxy.headers import single
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +46,25 @@ def key_name(authorization: str | None, gw: Gateway) -> str | None:
     return name
 
 
+def authorization(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The request's Authorization header (ASGI raw headers); more than one is a 400."""
+    value = single(headers, b"authorization")
+    return value.decode("latin-1") if value is not None else None
+
+
 async def client_key(request: Request) -> str | None:
     gw: Gateway = request.app.state.gateway
-    return key_name(request.headers.get("authorization"), gw)
+    return key_name(authorization(request.scope["headers"]), gw)
+
+
+def ops_key_of(gw: Gateway, headers: list[tuple[bytes, bytes]]) -> None:
+    """``/metrics`` and ``/workers`` need a key when ``auth.protect_ops`` is set (401/400)."""
+    if gw.settings.auth.protect_ops:
+        key_name(authorization(headers), gw)
 
 
 async def ops_key(request: Request) -> None:
-    gw: Gateway = request.app.state.gateway
-    if gw.settings.auth.protect_ops:
-        key_name(request.headers.get("authorization"), gw)
+    ops_key_of(request.app.state.gateway, request.scope["headers"])
 
 
 ClientKey = Annotated[str | None, Depends(client_key)]

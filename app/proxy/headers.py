@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from app.errors import InvalidRequest
+
 # Never forwarded to a worker (CONTRACTS.md): credentials, Host/Content-Length (set by the client
-# library), hop-by-hop headers (RFC 9110 §7.6.1), encodings we would have to undo, and the
-# client's X-Request-Id (replaced by the gateway's).
+# library), hop-by-hop headers (RFC 9110 §7.6.1), encodings we would have to undo (a body with a
+# Content-Encoding is refused: the gateway reads bodies as they are), and the client's
+# X-Request-Id (replaced by the gateway's).
 _DROP = frozenset(
     {
         b"authorization",
@@ -14,6 +17,7 @@ _DROP = frozenset(
         b"host",
         b"content-length",
         b"content-type",
+        b"content-encoding",
         b"connection",
         b"keep-alive",
         b"proxy-authenticate",
@@ -35,14 +39,17 @@ def client_headers(
     raw: Iterable[tuple[bytes, bytes]], read: frozenset[bytes] = frozenset()
 ) -> tuple[dict[bytes, bytes], list[tuple[bytes, bytes]]]:
     """One pass over a client's headers (ASGI raw form): the values of those named in ``read``
-    (lower-case; the last of repeated ones wins) and the end-to-end ones that may go to a worker.
-    X-Request-Id is not among those: the gateway sends its own (the client's, if sane)."""
+    (lower-case) and the end-to-end ones that may go to a worker. X-Request-Id is not among
+    those: the gateway sends its own (the client's, if sane). A header named in ``read`` given
+    more than once is a 400 (``InvalidRequest``): which one counts would be a guess."""
     picked: dict[bytes, bytes] = {}
     forward: list[tuple[bytes, bytes]] = []
     named: set[bytes] = set()  # the headers Connection names are hop-by-hop too
     for name, value in raw:
         name = name.lower()
         if name in read:
+            if name in picked:
+                raise repeated(name)
             picked[name] = value
         if name in _DROP:
             if name == b"connection":
@@ -52,3 +59,20 @@ def client_headers(
     if named:
         forward = [(name, value) for name, value in forward if name not in named]
     return picked, forward
+
+
+def repeated(name: bytes) -> InvalidRequest:
+    header = name.decode("latin-1")
+    return InvalidRequest(f"the {header} header was given more than once", param=header)
+
+
+def single(raw: Iterable[tuple[bytes, bytes]], wanted: bytes) -> bytes | None:
+    """The value of header ``wanted`` (lower-case), None if absent; a 400 (``InvalidRequest``)
+    if it was given more than once."""
+    found: bytes | None = None
+    for name, value in raw:
+        if name.lower() == wanted:
+            if found is not None:
+                raise repeated(wanted)
+            found = value
+    return found

@@ -1,12 +1,15 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's traffic, in plain ASGI.
 
-``serve(gw, route, scope, receive, send)`` is the whole request: its X-Request-Id, the API key
-(401), the key's limits (429, before the body is read), the body (413 past the cap; 499 when
-the client leaves while sending it), its validation (``app.proxy.request``, 400), the model (404;
-503 while no worker serves it or the gateway drains), then the proxy, which answers. Every error
-before the proxy runs is answered here in OpenAI shape.
+``serve(gw, route, scope, receive, send)`` is the whole request: its X-Request-Id, the headers
+it reads (400 when one is repeated), the API key (401), the body's media type (415 unless
+``application/json`` without a Content-Encoding: a browser's form or ``text/plain`` POST cannot
+reach a worker), the key's limits (429, before the body is read), the body (413 past the cap;
+499 when the client leaves while sending it), its validation (``app.proxy.request``, 400), the
+model (404; 503 while no worker serves it or the gateway drains), then the proxy, which answers.
+Every error before the proxy runs is answered here in OpenAI shape, logged and counted
+(``app.api.access.reject``).
 
-``GatewayApp`` (``app.main``) calls ``serve`` before FastAPI's middleware, routing and dependency
+``GatewayApp`` (``app.main``) calls ``serve`` ahead of FastAPI's middleware, routing and dependency
 injection, which together cost about as much CPU per request as relaying the whole answer. FastAPI
 still declares both routes: they document the bodies in ``/openapi.json``, answer other methods
 with 405, and serve the requests themselves when CORS is configured (``CORSMiddleware`` must see
@@ -20,7 +23,8 @@ import logging
 from typing import Any
 
 from app.accesslog import AccessRecord
-from app.api.request_id import request_id_of
+from app.api.access import reject
+from app.api.request_id import outer_send, request_id_of
 from app.api.security import admit, key_name, release
 from app.errors import (
     GatewayError,
@@ -28,6 +32,7 @@ from app.errors import (
     ModelNotFound,
     PayloadTooLarge,
     ServiceUnavailable,
+    UnsupportedMediaType,
 )
 from app.gateway import Gateway
 from app.proxy.direct import direct_body
@@ -42,19 +47,22 @@ log = logging.getLogger(__name__)
 
 ROUTES = {route.value: route for route in Route}
 _SESSION = SESSION_HEADER.encode("ascii")
-_READ = frozenset({b"authorization", b"content-length", _SESSION})
+_READ = frozenset(
+    {b"authorization", b"content-length", b"content-type", b"content-encoding", _SESSION}
+)
 
 
 async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: Send) -> None:
     """Answer one completion request (see the module doc)."""
     started = gw.proxy.now()
     request_id = request_id_of(scope)
-    read, forwarded = client_headers(scope["headers"], _READ)
     key: str | None = None
     slot: contextlib.AsyncExitStack | None = None
     try:
+        read, forwarded = client_headers(scope["headers"], _READ)
         authorization = read.get(b"authorization")
         key = key_name(authorization.decode("latin-1") if authorization else None, gw)
+        check_media_type(read.get(b"content-type"), read.get(b"content-encoding"))
         slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
@@ -69,7 +77,7 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
         if not isinstance(exc, GatewayError):  # a bug: log it, never show it
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")
-        gw.metrics.record_request(route.value, "other", exc.status)
+        reject(gw, route.value, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
         await send_error(send, exc, request_id.encode("ascii"))
         return
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
@@ -82,12 +90,27 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
     job = Job(parsed, forwarded, request_id, ctx, record, started)
     try:
         # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per chunk.
-        await gw.proxy.run(job, receive, scope.get("dflash.send", send), direct_body(scope))
+        await gw.proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
     finally:
         if slot is not None:
             await release(slot)
         if key is not None and record.completion_tokens:
             gw.metrics.record_key_tokens(key, record.completion_tokens)
+
+
+def check_media_type(content_type: bytes | None, encoding: bytes | None) -> None:
+    """JSON (any parameters, e.g. charset), not encoded; else ``UnsupportedMediaType`` (415)."""
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        raise UnsupportedMediaType(
+            "Content-Encoding is not supported: send the body unencoded",
+            param="content-encoding",
+        )
+    media = content_type.split(b";", 1)[0].strip().lower() if content_type else b""
+    if media != b"application/json":
+        raise UnsupportedMediaType(
+            "the request body must be JSON, sent with Content-Type: application/json",
+            param="content-type",
+        )
 
 
 async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:

@@ -1,21 +1,27 @@
-"""Slow and oversized requests, refused at the HTTP layer before any application code runs.
+"""Hostile and slow clients, refused at the HTTP layer before any application code runs.
 
-uvicorn's httptools protocol waits as long as a client likes for a request's headers and body, and
-keeps every header byte it is sent: a few hundred connections trickling bytes (slowloris) would hold
-sockets and memory forever. ``guarded_protocol`` returns a subclass with three limits per request:
+uvicorn's httptools protocol waits as long as a client likes for a request's headers and body,
+keeps every header byte it is sent and accepts every connection: a few hundred connections
+trickling bytes (slowloris), one header line that never ends, or thousands of idle connections
+would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a protocol class
+(``app.server.uvicorn_adapter.HttpConnection`` with its hooks filled in) with these limits:
 
+- at most ``max_connections`` open connections per server (process): one more is answered 503
+  at once, without reading its request;
 - the request line and headers must be complete within ``header_s`` of the connection opening (or
   of the request's first byte, on a kept-alive connection: uvicorn's own keep-alive timeout covers
   the idle time between requests);
 - the body within ``body_s`` of the headers;
-- request line + headers at most ``max_header_bytes``.
+- request line + headers at most ``max_header_bytes``, counted as bytes arrive: a header line
+  that never ends is refused once it passes the limit, not buffered.
 
-Over a limit the client gets a 408 or 431 (OpenAI-shaped JSON, ``Connection: close``) if nothing was
-answered yet, and the connection is closed; a response already under way is left to finish. A
-connection on which no request began is closed without an answer (a client that opened it early
-must not read a 408 as the answer to the request it sends later). The cost is one timer per
-request phase left unfinished by a read (``loop.call_at``; none for a request that arrives whole),
-nothing per body chunk.
+Over a limit the client gets a 408, 431 or 503 (OpenAI-shaped JSON, ``Connection: close``, an
+``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response already
+under way is left to finish. An unparsable request gets a 400 the same way. Each such answer is
+reported (``Report``: an access-log line and ``requests_total``). A connection on which no request
+began is closed without an answer (a client that opened it early must not read a 408 as the
+answer to the request it sends later). The cost is one timer per request phase left unfinished by
+a read (``loop.call_at``; none for a request that arrives whole), nothing per body chunk.
 
 The protocol also offers each request the ``app.proxy.direct`` extension (stream chunks written
 without ASGI ``send``).
@@ -25,19 +31,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.errors import GatewayError, HeadersTooLarge, RequestTimeout
-from app.proxy.direct import EXTENSION, DirectBody
+from app.errors import (
+    GatewayError,
+    HeadersTooLarge,
+    InvalidRequest,
+    RequestTimeout,
+    ServiceUnavailable,
+)
+from app.proxy.direct import EXTENSION
+from app.server.uvicorn_adapter import HttpConnection, ResponseLane
 
 log = logging.getLogger(__name__)
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
+# (request target as parsed so far, request id, the answer): one refused request.
+Report = Callable[[bytes, str, GatewayError], None]
+
+
+def _no_report(target: bytes, request_id: str, error: GatewayError) -> None:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +70,17 @@ class GuardLimits:
     header_s: float
     body_s: float
     max_header_bytes: int
+    max_connections: int = 4096
+    retry_after_s: int = 1  # on the 503 for a connection over max_connections
 
 
 class _HeadersOverLimit(Exception):
-    """Raised in a parser callback: stops parsing (see ``send_400_response``)."""
+    """Raised in a parser callback: stops parsing (see ``unparsable``)."""
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedConnection(HttpConnection):
     limits = GuardLimits(header_s=10.0, body_s=60.0, max_header_bytes=64 * 1024)
+    report: Report = staticmethod(_no_report)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,9 +90,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # one read costs no timer at all.
         self._want: tuple[float, Callable[[], None]] | None = None
         self._armed: tuple[float, Callable[[], None]] | None = None
-        self._header_bytes = 0
+        self._header_bytes = 0  # request target + complete header lines, as parsed
+        self._head_read = 0  # bytes read while the request's head was incomplete
         self._begun = False  # a request's first byte arrived and its headers are not complete
-        self._directs: list[DirectBody] = []  # told when the connection is lost
+        self._fresh = False  # ... and that first byte came in the current read
+        self._ended = False  # a request's body ended in the current read (pipelining)
+        self._directs: list[ResponseLane] = []  # told when the connection is lost
 
     # Timer plumbing
     def _expect(self, delay: float, callback: Callable[[], None]) -> None:
@@ -85,76 +116,78 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._guard.cancel()
             self._guard = None
 
-    # Connection and parser callbacks
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    # Hooks
+    def opened(self) -> None:
+        if self.open_connections() > self.limits.max_connections:
+            self._refuse(
+                ServiceUnavailable(
+                    "the gateway has too many open connections; retry shortly",
+                    retry_after=self.limits.retry_after_s,
+                )
+            )
+            return
         self._expect(self.limits.header_s, self._headers_too_slow)
         self._sync()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+    def read_done(self, size: int) -> None:
+        if self._begun:  # the head is still incomplete: all of this read was head bytes
+            if not (self._fresh and self._ended):  # (unless it also ended a pipelined request)
+                self._head_read += size
+            if self._head_read > self.limits.max_header_bytes:
+                self._too_large()
+                return
+        self._fresh = self._ended = False
         self._sync()
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def closed(self) -> None:
         self._want = None
         self._disarm()
-        super().connection_lost(exc)
         for direct in self._directs:
             direct.gone()
         self._directs = []
 
-    def send_400_response(self, msg: str) -> None:
-        # httptools reports an exception raised in a callback as a parse error, answered 400.
+    def unparsable(self) -> None:
+        # httptools reports an exception raised in a callback as a parse error.
         if self._header_bytes > self.limits.max_header_bytes:
-            limit = self.limits.max_header_bytes
-            self._refuse(HeadersTooLarge(f"request headers are larger than {limit} bytes"))
+            self._too_large()
         else:
-            super().send_400_response(msg)
+            self._refuse(InvalidRequest("the request is not valid HTTP/1.1", code="bad_request"))
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._header_bytes = 0
-        self._begun = True
+    def head_began(self) -> None:
+        self._header_bytes = self._head_read = 0
+        self._begun = self._fresh = True
         if self._want is None:  # a kept-alive connection's next request
             self._expect(self.limits.header_s, self._headers_too_slow)
 
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self._begun = False
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:  # not an upgrade
-            # The relay's lane around ASGI send for stream chunks (app.proxy.direct).
-            direct = DirectBody(cycle)
-            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-            extensions[EXTENSION] = direct
-            # Requests on this connection still answering (more than one only when pipelined).
-            self._directs = [d for d in self._directs if not d.complete()]
-            self._directs.append(direct)
-        self._expect(self.limits.body_s, self._body_too_slow)
-
-    def on_message_complete(self) -> None:
-        self._want = None
-        super().on_message_complete()
-
-    def _count(self, size: int) -> None:
+    def head_piece(self, size: int) -> None:
         self._header_bytes += size
         if self._header_bytes > self.limits.max_header_bytes:
             raise _HeadersOverLimit
 
+    def head_completed(self, lane: ResponseLane | None) -> None:
+        self._begun = False
+        if lane is not None:
+            # The relay's lane around ASGI send for stream chunks (app.proxy.direct).
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[EXTENSION] = lane
+            # Requests on this connection still answering (more than one only when pipelined).
+            self._directs = [d for d in self._directs if not d.complete()]
+            self._directs.append(lane)
+        self._expect(self.limits.body_s, self._body_too_slow)
+
+    def message_completed(self) -> None:
+        self._want = None
+        self._ended = True
+
     # Limits
+    def _too_large(self) -> None:
+        limit = self.limits.max_header_bytes
+        self._refuse(HeadersTooLarge(f"request headers are larger than {limit} bytes"))
+
     def _headers_too_slow(self) -> None:
         self._guard = self._armed = self._want = None
         if not self._begun:  # idle: nothing to answer
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.close()
+            self.close()
             return
         self._refuse(RequestTimeout("the request headers were not received in time"))
 
@@ -166,45 +199,44 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        log.info("closing the connection from %s: %s", _peer(self.client), error.message)
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if cycle.response_started:
-                # Let the answer under way finish; read nothing more, then close.
-                cycle.keep_alive = False
-                self.flow.pause_reading()
-                return
-            # The application is still waiting for the body: it sees a disconnect from now on
-            # and whatever it sends is dropped.
-            cycle.disconnected = True
-            cycle.message_event.set()
-        transport.write(_raw_response(error))
-        transport.close()
+        log.info("closing the connection from %s: %s", self.peer(), error.message)
+        self._want = None
+        self._disarm()
+        if not self.stop_request():  # an answer is under way: it finishes, then the close
+            return
+        request_id = os.urandom(16).hex()
+        self.report(self.target(), request_id, error)
+        self.respond_and_close(_raw_response(error, request_id))
 
 
-def _peer(client: tuple[str, int] | None) -> str:
-    return f"{client[0]}:{client[1]}" if client else "unknown"
-
-
-def _raw_response(error: GatewayError) -> bytes:
+def _raw_response(error: GatewayError, request_id: str) -> bytes:
     body = orjson.dumps(error.body())
     reason = _REASONS.get(error.status, b"Error")
+    extra = b"".join(
+        b"%s: %s\r\n" % (k.lower().encode("latin-1"), v.encode("latin-1"))
+        for k, v in error.headers().items()
+    )
     return b"".join(
         [
             b"HTTP/1.1 %d %s\r\n" % (error.status, reason),
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
+            b"x-request-id: %s\r\n" % request_id.encode("ascii"),
+            extra,
             b"connection: close\r\n\r\n",
             body,
         ]
     )
 
 
-def guarded_protocol(limits: GuardLimits) -> type[GuardedHttpToolsProtocol]:
-    """The httptools protocol class with these limits, for ``uvicorn.Config(http=...)``."""
+def guarded_protocol(limits: GuardLimits, report: Report | None = None) -> type[GuardedConnection]:
+    """The protocol class with these limits, for ``uvicorn.Config(http=...)``; ``report`` hears
+    of every request it answers itself."""
 
-    class Guarded(GuardedHttpToolsProtocol):
+    class Guarded(GuardedConnection):
         pass
 
     Guarded.limits = limits
+    if report is not None:
+        Guarded.report = staticmethod(report)
     return Guarded

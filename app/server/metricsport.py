@@ -1,23 +1,30 @@
-"""``/metrics`` on its own port (``metrics_port``), e.g. reachable by Prometheus inside the
-cluster while the API port is public. When it is set, the API port answers 404 for /metrics.
+"""``/metrics`` on its own port (``metrics_port``, bound to ``metrics_host``), e.g. reachable by
+Prometheus inside the cluster while the API port is public. When it is set, the API port answers
+404 for /metrics.
 
-The server shares the gateway's event loop and process; the gateway's uvicorn server owns the
-signals and stops this one when it stops.
+The port has the API port's guards (the same protocol class: header and body deadlines, header
+size cap, connection cap), a Bearer key when ``auth.protect_ops`` is set (as ``/metrics`` on the
+API port) and an access-log line per answer. The server shares the gateway's event loop and
+process; the gateway's uvicorn server owns the signals and stops this one when it stops.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import uvicorn
 
+from app.accesslog import AccessRecord
+from app.api.access import NO_MODEL, REJECTED
 from app.api.ops import exposition
-from app.errors import NotFound
+from app.api.request_id import request_id_of
+from app.api.security import ops_key_of
+from app.errors import GatewayError, MethodNotAllowed, NotFound
 from app.gateway import Gateway
-from app.metrics import CONTENT_TYPE
+from app.metrics import CONTENT_TYPE, OTHER
+from app.server.guard import GuardedConnection
+from app.server.uvicorn_adapter import Server
 
 
 def metrics_app(gateway: Gateway) -> Any:
@@ -26,38 +33,58 @@ def metrics_app(gateway: Gateway) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+        request_id = request_id_of(scope)
+        path, method = scope["path"], scope["method"]
+        try:
+            if path != "/metrics":
+                raise NotFound(f"no route for {path} here")
+            if method not in ("GET", "HEAD"):
+                raise MethodNotAllowed(f"method {method} is not allowed on {path}")
+            ops_key_of(gateway, scope["headers"])
             status, ctype, body = 200, CONTENT_TYPE.encode(), exposition(gateway)
-        else:
-            status, ctype = 404, b"application/json"
-            body = orjson.dumps(NotFound(f"no route for {scope['path']} here").body())
+            error = None
+        except GatewayError as exc:
+            error = exc
+            status, ctype, body = exc.status, b"application/json", orjson.dumps(exc.body())
+        record = AccessRecord(
+            request_id, "/metrics" if path == "/metrics" else OTHER, NO_MODEL, False, status=status
+        )
+        if error is not None:
+            record.outcome, record.error = REJECTED, error.message
+        gateway.access.emit(record)
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())],
+                "headers": [
+                    (b"content-type", ctype),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", request_id.encode("ascii")),
+                ],
             }
         )
-        await send(
-            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
-        )
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
     return app
 
 
-class MetricsServer(uvicorn.Server):
-    def __init__(self, gateway: Gateway, log_config: dict[str, Any], log_level: str) -> None:
+class MetricsServer(Server):
+    # The gateway's server in the same loop handles SIGTERM/SIGINT (drain) and stops this one.
+    owns_signals = False
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        log_config: dict[str, Any],
+        log_level: str,
+        protocol: type[GuardedConnection],
+    ) -> None:
         config = uvicorn.Config(
             metrics_app(gateway),
             lifespan="off",
             access_log=False,
             log_config=log_config,
             log_level=log_level,
-            http="httptools",
+            http=protocol,
         )
         super().__init__(config)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # The gateway's server in the same loop handles SIGTERM/SIGINT (drain) and stops us.
-        yield

@@ -1,5 +1,6 @@
 """``dflash-gateway serve``: the gateway under uvicorn (uvloop + httptools, TCP_NODELAY), with
-deadlines and a size cap for request headers and bodies (``app.server.guard``).
+deadlines and a size cap for request headers and bodies and a cap on open connections
+(``app.server.guard``).
 
 With no worker source configured (``Settings.embedded_default``) the emulated workers are
 started first and stopped last, whatever ends the server: Ctrl-C, SIGTERM or an error.
@@ -16,21 +17,22 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import orjson
 import uvicorn
 
 from app.accesslog import configure_logging
+from app.api.access import refusals
 from app.config import Settings
 from app.gateway import Gateway
 from app.main import create_app
 from app.server.embedded import EmbeddedStartError, EmbeddedWorkers
-from app.server.guard import GuardLimits, guarded_protocol
+from app.server.guard import GuardedConnection, GuardLimits, guarded_protocol
 from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
 from app.server.sockets import listen, listen_shared
+from app.server.uvicorn_adapter import Server
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
             if settings.processes > 1:
                 socks = listen_shared(settings.host, settings.port, settings.processes)
                 msocks = (
-                    listen_shared(settings.host, settings.metrics_port, settings.processes)
+                    listen_shared(settings.metrics_host, settings.metrics_port, settings.processes)
                     if settings.metrics_port is not None
                     else None
                 )
@@ -103,7 +105,7 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
                 return 0
             sock = listen(settings.host, settings.port)
             msock = (
-                listen(settings.host, settings.metrics_port)
+                listen(settings.metrics_host, settings.metrics_port)
                 if settings.metrics_port is not None
                 else None
             )
@@ -117,20 +119,31 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
     return 0
 
 
+def guarded(gateway: Gateway, settings: Settings) -> type[GuardedConnection]:
+    """The gateway's httptools protocol: offers the relay's direct lane and refuses slow,
+    oversized and surplus connections, counting each refusal in ``gateway``'s metrics and
+    access log."""
+    limits = GuardLimits(
+        header_s=settings.timeouts.client_header_s,
+        body_s=settings.timeouts.client_body_s,
+        max_header_bytes=settings.limits.max_header_bytes,
+        max_connections=settings.limits.max_connections,
+        retry_after_s=settings.admission.retry_after_s,
+    )
+    return guarded_protocol(limits, refusals(gateway))
+
+
 def uvicorn_config(
-    app: Any, settings: Settings, log_config: dict[str, Any] | None = None
+    app: Any,
+    protocol: type[GuardedConnection],
+    settings: Settings,
+    log_config: dict[str, Any] | None = None,
 ) -> uvicorn.Config:
-    """The gateway app under uvicorn as ``serve`` runs it: the guarded httptools protocol (which
-    offers the relay's direct lane), lifespan on, no access log, ``X-Forwarded-*`` ignored."""
+    """The gateway app under uvicorn as ``serve`` runs it: ``protocol`` (``guarded``), lifespan
+    on, no access log, ``X-Forwarded-*`` ignored."""
     return uvicorn.Config(
         app,
-        http=guarded_protocol(
-            GuardLimits(
-                header_s=settings.timeouts.client_header_s,
-                body_s=settings.timeouts.client_body_s,
-                max_header_bytes=settings.limits.max_header_bytes,
-            )
-        ),
+        http=protocol,
         lifespan="on",
         access_log=False,
         # X-Forwarded-* would only rewrite scope["client"], which the gateway never reads.
@@ -147,15 +160,16 @@ def _server(
 ) -> uvicorn.Server:
     """One process's gateway app under uvicorn (and its metrics port, when configured)."""
     app = create_app(settings)
-    config = uvicorn_config(app, settings, log_config)
     gateway: Gateway = app.state.gateway
+    protocol = guarded(gateway, settings)
+    config = uvicorn_config(app, protocol, settings, log_config)
     metrics = None
     if metrics_sock is not None:
-        metrics = (MetricsServer(gateway, log_config, settings.log_level), metrics_sock)
+        metrics = (MetricsServer(gateway, log_config, settings.log_level, protocol), metrics_sock)
     return DrainingServer(config, gateway, settings.drain_accept_s, metrics)
 
 
-class DrainingServer(uvicorn.Server):
+class DrainingServer(Server):
     """uvicorn, with SIGTERM as a graceful drain instead of an immediate stop.
 
     The first SIGTERM marks the gateway draining (``/readyz`` → 503) and keeps serving new
@@ -176,14 +190,14 @@ class DrainingServer(uvicorn.Server):
         self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def intercept(self, sig: int) -> bool:
         loop = self._loop
         if sig == signal.SIGTERM and not self._gateway.draining and loop is not None:
             self._gateway.draining = True
             log.info("SIGTERM: draining; new requests accepted for %.1f s", self._accept_s)
             loop.call_soon_threadsafe(loop.call_later, self._accept_s, self._stop_accepting)
-            return
-        super().handle_exit(sig, frame)
+            return True
+        return False
 
     def _stop_accepting(self) -> None:
         log.info("drain: no new requests; waiting for in-flight ones to finish")

@@ -98,6 +98,22 @@ def test_settings_file_is_valid_gateway_settings(
     assert not settings.embedded_default  # never starts emulators in a cluster
 
 
+def test_a_metrics_port_is_reachable_by_prometheus(render: Callable[..., Manifests]) -> None:
+    """The gateway binds metrics_port to loopback unless told otherwise; in a pod Prometheus
+    scrapes from outside, so the chart binds it to every address (unless metrics_host is set)."""
+    assert "metrics_host" not in render().gateway_settings()
+    given = render("default", "--set", "gateway.settings.metrics_port=9100").gateway_settings()
+    assert (given["metrics_port"], given["metrics_host"]) == (9100, "0.0.0.0")
+    pinned = render(
+        "default",
+        "--set",
+        "gateway.settings.metrics_port=9100",
+        "--set",
+        "gateway.settings.metrics_host=10.0.0.1",
+    ).gateway_settings()
+    assert pinned["metrics_host"] == "10.0.0.1"
+
+
 def test_client_keys_are_a_reloadable_keys_file(render: Callable[..., Manifests]) -> None:
     """Client keys: a Secret holding NAME:KEY lines, mounted as a directory (so Secret edits reach
     the pod) and named by the settings' auth.keys_file; never in env or the ConfigMap."""

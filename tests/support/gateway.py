@@ -38,7 +38,7 @@ import uvloop
 from app.config import Settings
 from app.main import create_app
 from app.proxy.direct import EXTENSION
-from app.server.run import uvicorn_config
+from app.server.run import guarded, uvicorn_config
 from app.server.sockets import listen
 
 MODEL = "moonshotai/Kimi-K2.5"
@@ -462,7 +462,9 @@ class GatewayHarness:
             await app(scope, receive, send)
 
         # What uvicorn.Server.serve does, less the signal handlers and its 0.1 s polling.
-        server = self.server = uvicorn.Server(uvicorn_config(spy, self.settings))
+        server = self.server = uvicorn.Server(
+            uvicorn_config(spy, guarded(self.gateway, self.settings), self.settings)
+        )
         server.config.load()
         server.lifespan = server.config.lifespan_class(server.config)
         self._sock = listen(HOST, 0)

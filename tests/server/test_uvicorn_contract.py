@@ -1,0 +1,146 @@
+"""What the gateway takes from uvicorn beyond its public API (``app/server/uvicorn_adapter.py``,
+``app/server/run.py``, ``app/server/metricsport.py``) is still there, by name.
+
+A uvicorn release that renames one of these fails here, naming it, instead of failing in
+production under load. pyproject.toml pins uvicorn to the versions in ``CHECKED``: to admit a new
+release, install it, run this file and the server/security tests, then widen both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from uvicorn.protocols.http import flow_control, httptools_impl
+from uvicorn.server import ServerState
+
+from app.proxy.direct import direct_body
+from app.server.guard import GuardLimits, guarded_protocol
+from app.server.uvicorn_adapter import HttpConnection
+
+CHECKED = ("0.55.0",)
+
+
+def _missing(obj: Any, names: list[str]) -> list[str]:
+    return [name for name in names if not hasattr(obj, name)]
+
+
+def _require(obj: Any, names: list[str], what: str) -> None:
+    missing = _missing(obj, names)
+    assert not missing, (
+        f"uvicorn {uvicorn.__version__}: {what} has no {', '.join(missing)} "
+        "(app/server/uvicorn_adapter.py relies on it)"
+    )
+
+
+def test_the_installed_uvicorn_was_checked_and_is_the_one_pinned() -> None:
+    assert uvicorn.__version__ in CHECKED, (
+        f"uvicorn {uvicorn.__version__} has not been checked against "
+        "app/server/uvicorn_adapter.py: run tests/server and tests/security with it, then add it "
+        "to CHECKED and to the pin in pyproject.toml"
+    )
+    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    (pin,) = [d for d in project["dependencies"] if d.startswith("uvicorn")]
+    bounds = dict(re.findall(r"(>=|<=)([\d.]+)", pin))
+    assert bounds == {">=": CHECKED[0], "<=": CHECKED[-1]}, pin
+
+
+def test_the_protocol_and_request_cycle_have_what_the_adapter_uses() -> None:
+    _require(httptools_impl, ["HttpToolsProtocol", "RequestResponseCycle"], "httptools_impl")
+    protocol = httptools_impl.HttpToolsProtocol
+    hooks = [
+        "connection_made",
+        "data_received",
+        "connection_lost",
+        "send_400_response",
+        "on_message_begin",
+        "on_url",
+        "on_header",
+        "on_headers_complete",
+        "on_message_complete",
+    ]
+    _require(protocol, hooks, "HttpToolsProtocol")
+    params = list(inspect.signature(protocol.__init__).parameters)
+    assert params[:4] == ["self", "config", "server_state", "app_state"], params
+
+    loop = asyncio.new_event_loop()
+    try:
+        config = uvicorn.Config(_app, http=HttpConnection)
+        config.load()
+        conn = HttpConnection(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+        fields = ["transport", "flow", "cycle", "scope", "connections", "client", "loop"]
+        _require(conn, fields, "an HttpToolsProtocol instance")
+        conn.on_message_begin()
+        _require(conn, ["url"], "an HttpToolsProtocol instance after on_message_begin")
+    finally:
+        loop.close()
+
+    cycle_params = set(inspect.signature(httptools_impl.RequestResponseCycle).parameters)
+    cycle = httptools_impl.RequestResponseCycle(
+        **{name: None for name in cycle_params if name != "message_event"},
+        message_event=asyncio.Event(),
+    )
+    fields = [
+        "scope",
+        "transport",
+        "flow",
+        "disconnected",
+        "keep_alive",
+        "response_started",
+        "response_complete",
+        "chunked_encoding",
+        "message_event",
+    ]
+    _require(cycle, fields, "a RequestResponseCycle")
+    _require(flow_control.FlowControl, ["drain", "pause_reading", "resume_reading"], "FlowControl")
+    flow = flow_control.FlowControl(None)  # type: ignore[arg-type]
+    _require(flow, ["write_paused"], "a FlowControl instance")
+
+
+def test_the_server_has_what_the_gateway_overrides() -> None:
+    server = uvicorn.Server(uvicorn.Config(_app))
+    _require(server, ["started", "should_exit", "handle_exit", "capture_signals"], "Server")
+    assert "sockets" in inspect.signature(server.serve).parameters
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Streams two chunks: one through ``send``, one through the direct lane if offered."""
+    if scope["type"] != "http":
+        return
+    lane = direct_body(scope)
+    assert lane is not None, "the guarded protocol offered no direct lane"
+    assert not lane.ready()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    assert lane.ready(), "a chunked response was started but the lane is not ready"
+    await send({"type": "http.response.body", "body": b"one;", "more_body": True})
+    lane.write(b"two;")
+    await lane.drain()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def test_the_direct_lane_writes_into_a_real_uvicorn_response() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    protocol = guarded_protocol(GuardLimits(header_s=5, body_s=5, max_header_bytes=4096))
+    config = uvicorn.Config(_app, http=protocol, lifespan="off", log_config=None)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/", timeout=10)
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    assert response.status_code == 200
+    assert response.content == b"one;two;"
