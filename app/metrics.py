@@ -367,9 +367,6 @@ class Metrics:
         ):
             counter.labels(model, worker)
 
-    def add_model(self, model: str) -> None:
-        self._model(model)
-
     def add_worker(self, worker: str) -> None:
         """Pre-initialise a worker's series so they exist from start-up."""
         if worker in self._workers:
