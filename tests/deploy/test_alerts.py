@@ -3,11 +3,11 @@ what deploy/tools/dashboard.py generates."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 from tests.deploy.conftest import ROOT
+from tests.support.tools import require_tool
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
@@ -27,8 +27,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
 
 
 def test_promtool_rule_tests_pass() -> None:
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is not installed (.ci/run installs Debian's prometheus)"
+    promtool = require_tool("promtool")
     done = subprocess.run(
         [promtool, "test", "rules", str(ROOT / "deploy" / "prometheus" / "rules_test.yaml")],
         capture_output=True,
