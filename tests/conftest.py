@@ -7,6 +7,31 @@ import pytest
 
 from tests.support.procs import ProcessManager
 
+# Tests that start processes (gateway, emulators, Prometheus, Redis, the CLI) are marked
+# ``processes``; ``make test-fast`` runs the rest (``-m "not processes"``). Marked here: whole
+# directories/files of such tests, and every test using a fixture that starts one. A test that
+# runs a subprocess by itself carries ``@pytest.mark.processes``.
+PROCESS_PATHS = (
+    "chaos/",
+    "deploy/",
+    "e2e/",
+    "security/",
+    "loadtest/test_smoke.py",
+    "metrics/test_live.py",
+    "metrics/test_processes.py",
+)
+PROCESS_FIXTURES = frozenset({"procs", "emu_module", "stack", "live"})
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        rel = path.relative_to(TESTS).as_posix() if TESTS in path.parents else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if rel.startswith(PROCESS_PATHS) or fixtures & PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.processes)
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]

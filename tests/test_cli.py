@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.procs import PYTHON, ProcessManager
 
@@ -19,6 +20,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.processes
 def test_help_lists_every_subcommand() -> None:
     result = _run("--help")
     assert result.returncode == 0
@@ -28,6 +30,7 @@ def test_help_lists_every_subcommand() -> None:
     assert "bench" in result.stdout, "no `bench`: installed before pyproject.toml (make install)"
 
 
+@pytest.mark.processes
 def test_serve_help_documents_the_contract_flags() -> None:
     result = _run("serve", "--help")
     assert result.returncode == 0
@@ -43,6 +46,7 @@ def test_serve_help_documents_the_contract_flags() -> None:
         assert flag in result.stdout
 
 
+@pytest.mark.processes
 def test_bad_settings_exit_2_with_a_clear_message() -> None:
     result = _run("serve", "--worker-url", "ftp://nope")
     assert result.returncode == 2
@@ -50,6 +54,7 @@ def test_bad_settings_exit_2_with_a_clear_message() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.processes
 def test_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("dflash-gateway")
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
@@ -86,6 +91,7 @@ def _run_with(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.processes
 def test_installed_packages_add_subcommands_through_entry_points(tmp_path: Path) -> None:
     _install_command_package(
         tmp_path,
@@ -101,6 +107,7 @@ def test_installed_packages_add_subcommands_through_entry_points(tmp_path: Path)
     assert (done.returncode, done.stdout) == (3, "hello world\n"), done.stderr
 
 
+@pytest.mark.processes
 def test_a_subcommand_whose_package_is_missing_does_not_exist(tmp_path: Path) -> None:
     """The container image ships the gateway without the benchmarks: ``bench`` is absent there,
     and the other commands work."""

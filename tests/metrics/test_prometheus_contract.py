@@ -54,6 +54,7 @@ def _multiprocess_mode(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.processes
 def test_multiprocess_mode_is_read_from_the_value_class(tmp_path: Path) -> None:
     assert hasattr(values.ValueClass, "_multiprocess"), (
         "prometheus_client.values.ValueClass has no _multiprocess flag any more: "
@@ -145,6 +146,7 @@ print(metrics.render().decode())
 """
 
 
+@pytest.mark.processes
 def test_multiprocess_exposition_merges_files_and_drops_departed_workers(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", MULTIPROCESS_RENDER],

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.tools import REQUIRE_ENV, ROOT
+
+pytestmark = pytest.mark.processes
 
 USES_A_MISSING_TOOL = """
 from tests.support.tools import require_tool
