@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import ProcessManager
+from tests.support.tools import require_tool
 
 # Tests that start processes (gateway, emulators, Prometheus, Redis, the CLI) are marked
 # ``processes``; ``make test-fast`` runs the rest (``-m "not processes"``). Marked here: whole
@@ -38,6 +39,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """promtool's path; the test is skipped when it is missing (fails under
+    DFLASH_REQUIRE_TOOLS=1, as in CI)."""
+    return require_tool("promtool")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from tests.deploy.conftest import ROOT
-from tests.support.tools import require_tool
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
@@ -26,8 +25,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
     assert alerts - {"DFlashGatewayWorkerDown"} <= quiet
 
 
-def test_promtool_rule_tests_pass() -> None:
-    promtool = require_tool("promtool")
+def test_promtool_rule_tests_pass(promtool: str) -> None:
     done = subprocess.run(
         [promtool, "test", "rules", str(ROOT / "deploy" / "prometheus" / "rules_test.yaml")],
         capture_output=True,

@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import CHART, ROOT, Manifests
-from tests.support.tools import require_tool
 
 DASHBOARD = CHART / "files" / "dflash-gateway.json"
 RULES = CHART / "files" / "rules.yaml"
@@ -22,11 +21,6 @@ COPIES = [
     (DASHBOARD, ROOT / "deploy" / "grafana" / "dflash-gateway.json"),
     (RULES, ROOT / "deploy" / "prometheus" / "rules.yaml"),
 ]
-
-
-@pytest.fixture
-def promtool() -> str:
-    return require_tool("promtool")
 
 
 @pytest.mark.parametrize(("canonical", "copy"), COPIES, ids=lambda p: str(p.relative_to(ROOT)))

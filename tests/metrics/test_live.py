@@ -379,8 +379,7 @@ def test_every_recording_rule_returns_data(live: Live) -> None:
     assert firing == []
 
 
-def test_promtool_check_metrics_is_clean(live: Live) -> None:
-    promtool = require_tool("promtool")
+def test_promtool_check_metrics_is_clean(promtool: str, live: Live) -> None:
     metrics = httpx.get(live.gw.url + "/metrics", timeout=10).text
     done = subprocess.run(
         [promtool, "check", "metrics"], input=metrics, capture_output=True, text=True
