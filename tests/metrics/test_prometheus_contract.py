@@ -1,4 +1,5 @@
-"""What ``app/metrics/prom_adapter.py`` relies on in prometheus_client, beyond its public API.
+"""What ``app/metrics/prom_adapter.py`` (and tests/metrics/test_processes.py, which reads the
+multiprocess files) relies on in prometheus_client, beyond its public API.
 
 A failure here names the internal that changed in a new prometheus-client release: adapt the
 adapter, then add the release to ``TESTED_VERSIONS`` and widen the pin in pyproject.toml.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest, values
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.mmap_dict import MmapedDict
 
 from app.metrics.prom_adapter import TESTED_VERSIONS, CurrentWorkers, observe_gaps
 
@@ -164,3 +167,12 @@ def test_multiprocess_exposition_merges_files_and_drops_departed_workers(tmp_pat
     ), "MultiProcessCollector no longer merges the processes' counter files"
     assert 'dflash_gateway_worker_up{worker="w1"} 1.0' in text
     assert 'worker="w2"' not in text.split("dflash_gateway_worker_up", 1)[1].split("# HELP")[0]
+    # tests/metrics/test_processes.py reads a process's counter file directly.
+    [counters] = tmp_path.glob("counter_*.db")
+    entries = MmapedDict.read_all_values_from_file(str(counters))  # type: ignore[no-untyped-call]
+    requests = [
+        v for key, v, *_ in entries if json.loads(key)[1] == "dflash_gateway_requests_total"
+    ]
+    assert 1.0 in requests, (
+        "MmapedDict.read_all_values_from_file no longer yields (json key, value, ...) entries"
+    )
