@@ -202,8 +202,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         }
         prom = start_prometheus(manager, targets, rule_files=[str(RULES)])
         # Every series starts from a scraped zero, so rate() sees the whole increase.
-        for job in targets:
-            assert len(prom.wait_for(f'up{{job="{job}"}} == 1')) == len(targets[job])
+        for job, hosts in targets.items():  # all of a job's targets, not the first one up
+            assert prom.wait_for(f'count(up{{job="{job}"}} == 1) == {len(hosts)}'), job
         assert prom.wait_for("dflash_gateway_completion_tokens_total")
         live = Live(gw, emus, prom, started=time.time())
         rng = random.Random(20261202)
