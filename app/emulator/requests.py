@@ -9,7 +9,7 @@ Prompt tokens are estimated as one token per 4 characters of the rendered prompt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 CHARS_PER_TOKEN = 4
@@ -53,7 +53,6 @@ class GenRequest:
     history_tool_calls: int = 0
     return_meta_info: bool = False
     ignore_eos: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:

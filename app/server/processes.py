@@ -74,10 +74,6 @@ class ProcessGroup:
         self._metrics_dir = metrics_dir
         self._processes: dict[int, _Process] = {}
 
-    @property
-    def pids(self) -> list[int]:
-        return list(self._processes)
-
     def _fork(self, index: int, failures: int = 0) -> None:
         parent = os.getpid()
         pid = os.fork()

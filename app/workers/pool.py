@@ -60,9 +60,6 @@ class WorkerPool:
         """Healthy workers serving ``model`` (the candidates a policy picks from)."""
         return [w for w in self._workers.values() if w.routable and model in w.models]
 
-    def any_routable(self) -> bool:
-        return any(w.routable for w in self._workers.values())
-
     def served_models(self) -> list[str]:
         """Every model a known worker has reported, in first-seen order."""
         seen: dict[str, None] = {}

@@ -216,3 +216,6 @@ def test_build_stage_context_builds_the_gateway_wheel(tools: Path, tmp_path: Pat
     assert "dflash-gateway = app.__main__:main" in scripts
     assert "app/__main__.py" in names
     assert not [n for n in names if n.startswith("tests/")]
+    # The benchmarks stay out of the image: its CLI has no `bench` (its entry point finds no
+    # module and is left out).
+    assert not [n for n in names if n.startswith("loadtest/")]

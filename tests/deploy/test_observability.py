@@ -5,7 +5,6 @@ Prometheus."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +21,6 @@ COPIES = [
     (DASHBOARD, ROOT / "deploy" / "grafana" / "dflash-gateway.json"),
     (RULES, ROOT / "deploy" / "prometheus" / "rules.yaml"),
 ]
-promtool = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    promtool is None, reason="promtool not installed (.ci/run installs it)"
-)
 
 
 @pytest.mark.parametrize(("canonical", "copy"), COPIES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -102,16 +97,14 @@ def test_dashboard_is_a_grafana_dashboard() -> None:
             assert panel["datasource"]["uid"] == "${datasource}"
 
 
-@needs_promtool
-def test_rules_file_passes_promtool() -> None:
+def test_rules_file_passes_promtool(promtool: str) -> None:
     done = subprocess.run(
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@needs_promtool
-def test_dashboard_queries_parse(tmp_path: Path) -> None:
+def test_dashboard_queries_parse(promtool: str, tmp_path: Path) -> None:
     """Every panel query is valid PromQL (checked by promtool as recording rules)."""
     exprs = _exprs(json.loads(DASHBOARD.read_text()))
     rules = {
@@ -133,9 +126,8 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@needs_promtool
 @pytest.mark.parametrize("config", ["deploy/prometheus/prometheus.yml", "docker/prometheus.yml"])
-def test_prometheus_configs_pass_promtool(config: str, tmp_path: Path) -> None:
+def test_prometheus_configs_pass_promtool(config: str, promtool: str, tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / config).read_text())
     # Rule files resolve like Prometheus would see them (docker/: the compose mount target).
     data["rule_files"] = [str(RULES)]

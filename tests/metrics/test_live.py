@@ -21,7 +21,6 @@ import asyncio
 import json
 import random
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -35,7 +34,8 @@ import pytest
 import yaml
 
 from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
-from tests.support.prometheus import PROMETHEUS, Prometheus, start_prometheus
+from tests.support.prometheus import Prometheus, start_prometheus
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "k8s" / "dflash-gateway" / "files" / "dflash-gateway.json"
@@ -48,8 +48,6 @@ COMPLETIONS = 20
 EMULATE = [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "50"]
 VARIABLES = {"$model": ".*", "$worker": ".*", "$__rate_interval": "1m"}
 METRIC_NAME = re.compile(r"\b(dflash_gateway_[a-z_]+|sglang:[a-z_]+)\b")
-
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (.ci/run)")
 
 
 @dataclass
@@ -172,6 +170,7 @@ def _settle(live: Live, target: int, timeout: float = 30.0) -> tuple[float, floa
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    require_tool("prometheus")  # before anything starts
     manager = ProcessManager(Path(tmp_path_factory.mktemp("metrics")))
     try:
         emus = [
@@ -203,8 +202,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         }
         prom = start_prometheus(manager, targets, rule_files=[str(RULES)])
         # Every series starts from a scraped zero, so rate() sees the whole increase.
-        for job in targets:
-            assert len(prom.wait_for(f'up{{job="{job}"}} == 1')) == len(targets[job])
+        for job, hosts in targets.items():  # all of a job's targets, not the first one up
+            assert prom.wait_for(f'count(up{{job="{job}"}} == 1) == {len(hosts)}'), job
         assert prom.wait_for("dflash_gateway_completion_tokens_total")
         live = Live(gw, emus, prom, started=time.time())
         rng = random.Random(20261202)
@@ -380,11 +379,10 @@ def test_every_recording_rule_returns_data(live: Live) -> None:
     assert firing == []
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (.ci/run)")
-def test_promtool_check_metrics_is_clean(live: Live) -> None:
+def test_promtool_check_metrics_is_clean(promtool: str, live: Live) -> None:
     metrics = httpx.get(live.gw.url + "/metrics", timeout=10).text
     done = subprocess.run(
-        ["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True
+        [promtool, "check", "metrics"], input=metrics, capture_output=True, text=True
     )
     assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
         done.stdout + done.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ import orjson
 from prometheus_client.mmap_dict import MmapedDict
 
 from tests.support.procs import PYTHON, ProcessManager
+from tests.support.tools import optional_tool
 
-PROMTOOL = shutil.which("promtool")
 REQUESTS = 48
 HELD = 16
 REQUESTS_TOTAL = "dflash_gateway_requests_total"
@@ -170,9 +169,10 @@ def test_two_processes_export_the_totals_of_both(procs: ProcessManager) -> None:
         assert sum(samples(text, "dflash_gateway_in_flight_requests")) == 0
         assert samples(text, "dflash_gateway_worker_up") == [1.0, 1.0]
         assert len(samples(text, "dflash_gateway_queue_depth")) == 1
-    if PROMTOOL is not None:  # the merged exposition is as clean as a single process's
+    promtool = optional_tool("promtool")
+    if promtool is not None:  # the merged exposition is as clean as a single process's
         done = subprocess.run(
-            [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True
         )
         assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout
 

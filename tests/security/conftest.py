@@ -1,8 +1,8 @@
-"""A real redis-server (from Debian; .ci/run installs it) for the shared per-key limits."""
+"""A real redis-server for the shared per-key limits (installed, or fetched into .tools/: see
+``tests.support.tools``)."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import time
 
@@ -10,13 +10,12 @@ import pytest
 
 from tests.support.gateway import pytest_asyncio_loop_factories  # the harness on uvloop
 from tests.support.procs import ProcessManager
+from tests.support.tools import require_tool
 
 
 @pytest.fixture
 def redis_url(procs: ProcessManager) -> str:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed (.ci/run installs it from Debian)")
+    server = require_tool("redis-server")
     proc = procs.start(
         [server, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         name="redis",

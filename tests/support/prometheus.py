@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -11,8 +10,7 @@ import httpx
 import yaml
 
 from loadtest.processes import ManagedProcess, ProcessManager
-
-PROMETHEUS = shutil.which("prometheus")
+from tests.support.tools import require_tool
 
 
 class Prometheus:
@@ -48,10 +46,7 @@ def start_prometheus(
     rule_files: Sequence[str] = (),
 ) -> Prometheus:
     """``jobs`` maps a job name to ``host:port`` targets."""
-    if PROMETHEUS is None:
-        raise RuntimeError(
-            "prometheus is not installed (.ci/run installs it: apt-get install prometheus)"
-        )
+    binary = require_tool("prometheus")
     workdir = procs.log_dir / "prometheus"
     workdir.mkdir(exist_ok=True)
     config = {
@@ -65,7 +60,7 @@ def start_prometheus(
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     proc = procs.start(
         [
-            PROMETHEUS,
+            binary,
             f"--config.file={workdir / 'prometheus.yml'}",
             "--web.listen-address=127.0.0.1:{port}",
             f"--storage.tsdb.path={workdir / 'data'}",

@@ -37,6 +37,7 @@ def test_early_exit_reports_the_output(procs: ProcessManager) -> None:
         )
 
 
+@pytest.mark.processes
 def test_stop_all_leaves_nothing_running(tmp_path) -> None:  # type: ignore[no-untyped-def]
     manager = ProcessManager(tmp_path)
     proc = manager.start([PYTHON, "-c", "import time; time.sleep(600)"], ready_path=None)

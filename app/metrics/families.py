@@ -1,0 +1,195 @@
+"""The gateway's metric families (names in CONTRACTS.md, "Metrics"): bucket layouts, the bounded
+label value sets, and ``Families``, which defines every family on a registry. ``Metrics``
+(``recorder.py``) adds the label values and records into them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "dflash_gateway_"
+OTHER = "other"
+ROUTES = ("/v1/chat/completions", "/v1/completions")
+MAX_MODELS = 32
+# requests_total series that exist before the first such answer (alerts divide by them).
+STATUSES = ("200", "400", "404", "429", "499", "500", "502", "503", "504")
+# ``retries_total{reason}``: the error code of the failed attempt.
+RETRY_REASONS = frozenset(
+    {"upstream_unavailable", "stream_interrupted", "upstream_timeout", "502", "503", "504"}
+)
+SOURCES = ("exact", "estimated")
+
+# Accept lengths are 1..8 (block size 8): quarter steps. TTFT covers minutes of prefill/queueing.
+ACCEPT_LENGTH_BUCKETS = tuple(1 + 0.25 * i for i in range(29))
+TTFT_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240,
+    300, 600,
+)  # fmt: skip
+INTER_CHUNK_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.3,
+    0.5, 0.75, 1, 2, 5, 10, 30,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 1, 2.5,
+)  # fmt: skip
+DURATION_BUCKETS = (
+    0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600,
+)  # fmt: skip
+QUEUE_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120,
+)  # fmt: skip
+THROUGHPUT_WINDOW_S = 10
+GaugeMode = Literal["livesum", "livemax", "livemostrecent"]
+# Gauges whose worker label must match a current pool member (multiprocess exposition).
+WORKER_GAUGES = frozenset(
+    PREFIX + name
+    for name in (
+        "in_flight_requests",
+        "worker_up",
+        "worker_breaker_state",
+        "worker_spec_accept_length",
+        "worker_spec_accept_rate",
+        "worker_output_throughput_tokens_per_second",
+    )
+)
+
+
+class Families:
+    """Every metric family, defined on ``registry``, as attributes named after what they count."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r)
+
+        def histogram(
+            name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+        ) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, registry=r, buckets=buckets)
+
+        def gauge(name: str, doc: str, labels: Sequence[str], mode: GaugeMode) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=r, multiprocess_mode=mode)
+
+        # Traffic.
+        self.requests = counter(
+            "requests", "Client requests answered, by HTTP status", ("route", "model", "status")
+        )
+        self.request_duration = histogram(
+            "request_duration_seconds",
+            "Time from the request's arrival to its last byte",
+            ("route", "model"),
+            DURATION_BUCKETS,
+        )
+        self.stream_outcomes = counter("stream_outcomes", "How streams ended", ("outcome",))
+        self.upstream_attempts = counter(
+            "upstream_attempts", "Requests sent to workers, by outcome", ("worker", "outcome")
+        )
+        self.retries = counter("retries", "Attempts retried on another worker", ("reason",))
+        self.aborts_sent = counter("aborts_sent", "POST /abort_request calls sent to workers")
+        self.queue_wait = histogram(
+            "queue_wait_seconds",
+            "Time a request waited for a worker with capacity (admission queue)",
+            (),
+            QUEUE_BUCKETS,
+        )
+        # Latency of streams.
+        self.ttft = histogram(
+            "time_to_first_token_seconds",
+            "Time from the request's arrival to its first data event relayed (streams)",
+            ("model",),
+            TTFT_BUCKETS,
+        )
+        self.inter_chunk = histogram(
+            "inter_chunk_seconds",
+            "Gap between consecutive chunks relayed to a client (streams); one chunk is usually "
+            "one verify step",
+            ("model",),
+            INTER_CHUNK_BUCKETS,
+        )
+        self.tpot = histogram(
+            "time_per_output_token_seconds",
+            "Time per output token after the first: (last chunk - first chunk) / "
+            "(completion tokens - 1), per stream",
+            ("model",),
+            TPOT_BUCKETS,
+        )
+        # Tokens and DFlash acceptance.
+        self.prompt_tokens = counter(
+            "prompt_tokens", "Prompt tokens of answered requests", ("model", "worker")
+        )
+        self.completion_tokens = counter(
+            "completion_tokens", "Completion tokens of answered requests", ("model", "worker")
+        )
+        self.reasoning_tokens = counter(
+            "reasoning_tokens",
+            "Reasoning tokens of answered requests (part of the completion tokens)",
+            ("model", "worker"),
+        )
+        self.verify_steps = counter(
+            "spec_verify_steps",
+            "Speculative verify steps of answered requests (exact from meta_info, else estimated "
+            "from stream chunks); completion_tokens_total / this = token-weighted acceptance "
+            "length",
+            ("model", "worker"),
+        )
+        self.accept_length = histogram(
+            "spec_accept_length",
+            "Per-request DFlash acceptance length (completion tokens per verify step); "
+            "source=exact from the worker's meta_info, estimated from stream chunks",
+            ("model", "source"),
+            ACCEPT_LENGTH_BUCKETS,
+        )
+        self.throughput = gauge(
+            "output_throughput_tokens_per_second",
+            f"Completion tokens per second through this gateway over the last "
+            f"{THROUGHPUT_WINDOW_S} s",
+            ("model",),
+            "livesum",
+        )
+        # Workers, as the gateway sees them (read from the pool when scraped).
+        self.in_flight = gauge(
+            "in_flight_requests", "Requests in flight per worker", ("worker",), "livesum"
+        )
+        self.queue_depth = gauge(
+            "queue_depth", "Requests waiting in the admission queue", (), "livesum"
+        )
+        self.worker_up = gauge(
+            "worker_up",
+            "1 if the worker passes health checks and its circuit breaker is closed",
+            ("worker",),
+            "livemax",
+        )
+        self.worker_breaker = gauge(
+            "worker_breaker_state",
+            "Circuit breaker state: 0 closed, 1 open, 2 half-open",
+            ("worker",),
+            "livemax",
+        )
+        self.worker_throughput = gauge(
+            "worker_output_throughput_tokens_per_second",
+            "The worker's own generation throughput (/v1/loads gen_throughput)",
+            ("worker",),
+            "livemostrecent",
+        )
+        self.worker_accept_length = gauge(
+            "worker_spec_accept_length",
+            "The worker's own average acceptance length (/v1/loads speculative.accept_length)",
+            ("worker",),
+            "livemostrecent",
+        )
+        self.worker_accept_rate = gauge(
+            "worker_spec_accept_rate",
+            "The worker's own draft acceptance rate (/v1/loads speculative.accept_rate)",
+            ("worker",),
+            "livemostrecent",
+        )
+        # Per API key NAME (never the key); label values are configured names only.
+        self.key_requests = counter("key_requests", "Requests per API key name", ("key",))
+        self.key_completion_tokens = counter(
+            "key_completion_tokens", "Completion tokens per API key name", ("key",)
+        )

@@ -1,0 +1,323 @@
+"""``Metrics``: the label values of every family (bounded, pre-initialised so each series exists
+from start-up), the ``record_*`` calls the proxy makes once per request, and the pool's gauges
+read when scraped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, disable_created_metrics
+
+from app.metrics.families import (
+    MAX_MODELS,
+    OTHER,
+    RETRY_REASONS,
+    ROUTES,
+    SOURCES,
+    STATUSES,
+    THROUGHPUT_WINDOW_S,
+    WORKER_GAUGES,
+    Families,
+)
+from app.metrics.prom_adapter import multiprocess_mode, observe_gaps, render, render_multiprocess
+from app.outcomes import ATTEMPT_OUTCOMES, STREAM_OUTCOMES, Outcome
+
+
+class LoadView(Protocol):
+    @property
+    def gen_throughput(self) -> float: ...
+    @property
+    def accept_length(self) -> float | None: ...
+    @property
+    def accept_rate(self) -> float | None: ...
+
+
+class BreakerView(Protocol):
+    @property
+    def state(self) -> int: ...
+
+
+class WorkerView(Protocol):
+    """What the scrape reads of a ``app.workers.worker.Worker``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def models(self) -> tuple[str, ...]: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def up(self) -> bool: ...
+    @property
+    def load(self) -> LoadView: ...
+    @property
+    def breaker(self) -> BreakerView: ...
+
+
+class TokenWindow:
+    """Completion tokens per second over the last ``window_s`` whole seconds (plus the current)."""
+
+    __slots__ = ("_counts", "_seconds", "_window")
+
+    def __init__(self, window_s: int = THROUGHPUT_WINDOW_S) -> None:
+        self._window = window_s
+        self._seconds = [-1] * (window_s + 1)
+        self._counts = [0] * (window_s + 1)
+
+    def add(self, now: float, tokens: int) -> None:
+        second = int(now)
+        slot = second % len(self._seconds)
+        if self._seconds[slot] != second:
+            self._seconds[slot] = second
+            self._counts[slot] = 0
+        self._counts[slot] += tokens
+
+    def rate(self, now: float) -> float:
+        oldest = int(now) - self._window
+        total = sum(c for s, c in zip(self._seconds, self._counts, strict=True) if s >= oldest)
+        return total / self._window
+
+
+class Metrics(Families):
+    """The families with their label values, recorded into once per request and refreshed from
+    the pool when scraped."""
+
+    def __init__(
+        self,
+        *,
+        models: Iterable[str] = (),
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # No ``*_created`` series: they would double the series count (and multiprocess mode has
+        # none), and Prometheus 2.x does not use them.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.multiprocess = multiprocess_mode()
+        super().__init__(registry or CollectorRegistry(auto_describe=True))
+        self._clock = clock
+        self._models: set[str] = set()
+        self._workers: set[str] = set()
+        self._windows: dict[str, TokenWindow] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+        for outcome in STREAM_OUTCOMES:
+            self.stream_outcomes.labels(outcome)
+        for reason in (*sorted(RETRY_REASONS), OTHER):
+            self.retries.labels(reason)
+        self._model(OTHER)
+        for model in models:
+            self._model(model)
+
+    # -- label sets ---------------------------------------------------------------------------
+
+    def _model(self, model: str) -> str:
+        """The model's label value, pre-initialising its series the first time it is seen."""
+        if model in self._models:
+            return model
+        if len(self._models) > MAX_MODELS:  # OTHER + MAX_MODELS served models
+            return OTHER
+        self._models.add(model)
+        for route in ROUTES:
+            for status in STATUSES:
+                self.requests.labels(route, model, status)
+            self.request_duration.labels(route, model)
+        if model == OTHER:
+            return model
+        for histogram in (self.ttft, self.inter_chunk, self.tpot):
+            histogram.labels(model)
+        for source in SOURCES:
+            self.accept_length.labels(model, source)
+        self.throughput.labels(model)
+        self._windows[model] = TokenWindow()
+        for worker in self._workers:
+            self._model_worker(model, worker)
+        return model
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: prometheus_client's ``labels`` takes a
+        lock and rebuilds the label tuple on every call, and a request records a dozen series.
+        (Only for series never removed: counters and histograms.)"""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def _model_worker(self, model: str, worker: str) -> None:
+        for counter in (
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.reasoning_tokens,
+            self.verify_steps,
+        ):
+            counter.labels(model, worker)
+
+    def add_worker(self, worker: str) -> None:
+        """Pre-initialise a worker's series so they exist from start-up."""
+        if worker in self._workers:
+            return
+        self._workers.add(worker)
+        for outcome in ATTEMPT_OUTCOMES:
+            self.upstream_attempts.labels(worker, outcome)
+        for gauge in (self.in_flight, self.worker_up, self.worker_breaker, self.worker_throughput):
+            gauge.labels(worker)
+        for model in self._models - {OTHER}:
+            self._model_worker(model, worker)
+
+    def _forget_worker(self, worker: str) -> None:
+        """A worker left the pool: its gauges go (in multiprocess mode they are filtered out when
+        rendering, since a file's entries cannot be removed)."""
+        self._workers.discard(worker)
+        for gauge in (
+            self.in_flight,
+            self.worker_up,
+            self.worker_breaker,
+            self.worker_throughput,
+            self.worker_accept_length,
+            self.worker_accept_rate,
+        ):
+            if self.multiprocess:
+                if gauge is self.in_flight:
+                    gauge.labels(worker).set(0)
+                continue
+            with contextlib.suppress(KeyError):
+                gauge.remove(worker)
+
+    def add_key(self, name: str) -> None:
+        """Pre-initialise a configured API key name's series."""
+        self.key_requests.labels(name)
+        self.key_completion_tokens.labels(name)
+
+    # -- once per request ---------------------------------------------------------------------
+
+    def record_request(
+        self, route: str, model: str, status: int, duration_s: float | None = None
+    ) -> None:
+        label = self._model(model)
+        code = str(status) if 100 <= status <= 599 else OTHER
+        self._child(self.requests, route, label, code).inc()
+        if duration_s is not None:
+            self._child(self.request_duration, route, label).observe(duration_s)
+
+    def record_tokens(
+        self,
+        model: str,
+        worker: str,
+        *,
+        prompt: int | None,
+        completion: int | None,
+        reasoning: int | None,
+        verify_steps: int | None,
+        source: str | None,
+    ) -> None:
+        """One request's token counts and verify steps (None: not known). ``source``: the
+        per-request acceptance length is ``exact`` or ``estimated``; None: only the worker's mean
+        was known (the steps count, the per-request histogram does not)."""
+        label = self._model(model)
+        self.add_worker(worker)
+        if prompt:
+            self._child(self.prompt_tokens, label, worker).inc(prompt)
+        if reasoning:
+            self._child(self.reasoning_tokens, label, worker).inc(reasoning)
+        if not completion:
+            return
+        self._child(self.completion_tokens, label, worker).inc(completion)
+        window = self._windows.get(label)
+        if window is not None:
+            window.add(self._clock(), completion)
+        if verify_steps:
+            self._child(self.verify_steps, label, worker).inc(verify_steps)
+            if source in SOURCES:
+                self._child(self.accept_length, label, source).observe(completion / verify_steps)
+
+    def record_stream_timing(
+        self,
+        model: str,
+        *,
+        ttft_s: float,
+        first_at: float,
+        chunk_times: Sequence[float],
+        completion_tokens: int | None,
+    ) -> None:
+        """A committed stream: time to first token, the gaps between the chunks relayed after the
+        first (``chunk_times``, clock readings), time per output token."""
+        label = self._model(model)
+        self._child(self.ttft, label).observe(ttft_s)
+        if not chunk_times:
+            return
+        observe_gaps(self._child(self.inter_chunk, label), first_at, chunk_times)
+        if completion_tokens and completion_tokens > 1:
+            tpot = (chunk_times[-1] - first_at) / (completion_tokens - 1)
+            self._child(self.tpot, label).observe(tpot)
+
+    def record_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+
+    def record_attempt(self, worker: str, outcome: Outcome) -> None:
+        self._child(self.upstream_attempts, worker, outcome).inc()
+
+    def record_retry(self, reason: str) -> None:
+        self._child(self.retries, reason if reason in RETRY_REASONS else OTHER).inc()
+
+    def record_abort(self) -> None:
+        self.aborts_sent.inc()
+
+    def record_stream(self, outcome: Outcome) -> None:
+        self._child(self.stream_outcomes, outcome if outcome in STREAM_OUTCOMES else OTHER).inc()
+
+    def record_key_request(self, name: str) -> None:
+        self._child(self.key_requests, name).inc()
+
+    def record_key_tokens(self, name: str, completion_tokens: int) -> None:
+        self._child(self.key_completion_tokens, name).inc(completion_tokens)
+
+    # -- when scraped -------------------------------------------------------------------------
+
+    def observe_pool(self, workers: Iterable[WorkerView], queue_depth: int) -> None:
+        """Worker-side gauges, queue depth and the gateway's tokens/s, from the pool now."""
+        current: set[str] = set()
+        for w in workers:
+            name = w.name
+            current.add(name)
+            self.add_worker(name)
+            for model in w.models:
+                self._model(model)
+            self.in_flight.labels(name).set(w.in_flight)
+            self.worker_up.labels(name).set(1 if w.up else 0)
+            self.worker_breaker.labels(name).set(int(w.breaker.state))
+            load = w.load
+            self.worker_throughput.labels(name).set(load.gen_throughput)
+            if load.accept_length is not None:
+                self.worker_accept_length.labels(name).set(load.accept_length)
+            if load.accept_rate is not None:
+                self.worker_accept_rate.labels(name).set(load.accept_rate)
+        for gone in self._workers - current:
+            self._forget_worker(gone)
+        self.queue_depth.set(queue_depth)
+        now = self._clock()
+        for model, window in self._windows.items():
+            self.throughput.labels(model).set(window.rate(now))
+
+    async def keep_fresh(
+        self,
+        workers: Callable[[], Iterable[WorkerView]],
+        queue_depth: Callable[[], int],
+        interval_s: float = 1.0,
+    ) -> None:
+        """``observe_pool`` every ``interval_s`` until cancelled. In multiprocess mode a scrape is
+        answered by one process, which reads the others' gauges from their files: they must
+        keep them current themselves."""
+        while True:
+            self.observe_pool(workers(), queue_depth())
+            await asyncio.sleep(interval_s)
+
+    def render(self) -> bytes:
+        """The exposition: this process's registry, or (multiprocess mode) every process's files
+        merged, without the gauges of workers that left the pool."""
+        if not self.multiprocess:
+            return render(self.registry)
+        return render_multiprocess(WORKER_GAUGES, set(self._workers))
