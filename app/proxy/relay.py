@@ -16,18 +16,17 @@ client's copy unless the client asked for it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
-import httpx
 import orjson
 
 from app.accesslog import AccessRecord
-from app.errors import UpstreamStreamBroken
+from app.errors import UpstreamBadResponse, UpstreamStreamBroken
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
 from app.proxy.supervisor import Supervisor
 from app.upstream.client import UpstreamResponse, map_transport_error
+from app.upstream.errors import TransportError
 from app.upstream.http1 import Http1Response
 from app.upstream.sse import SSEObserver, Usage, parse_usage, take_meta_info
 from app.workers.worker import Worker
@@ -101,7 +100,7 @@ async def relay_stream(
         rest = obs.finish()
         if rest:
             await chunk_out(rest)
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         raise map_transport_error(exc, worker, committed=obs.first_data) from None
     finally:
         record.chunks = obs.events
@@ -127,28 +126,32 @@ async def relay_whole(
     expose: bool = False,
 ) -> None:
     """Relay a non-streamed response: the worker's bytes, read whole, sent as they are (less the
-    ``meta_info`` the gateway asked for). ``expose``: the exact acceptance length as a header."""
+    ``meta_info`` the gateway asked for) as ``application/json``; a body that is not a JSON
+    object is the worker's failure. ``expose``: the exact acceptance length as a header."""
     try:
         body = await response.aread()
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         raise map_transport_error(exc, worker, committed=False) from None
     headers: list[tuple[bytes, bytes]] = []
-    with contextlib.suppress(orjson.JSONDecodeError):
+    try:
         doc = orjson.loads(body)
-        usage = parse_usage(doc)
-        strip = not request.client_wants_meta_info
-        steps = take_meta_info(doc, strip=strip)
-        if strip and b'"meta_info"' in body:
-            body = orjson.dumps(doc)
-        if usage is not None and steps is not None:
-            usage.verify_steps, usage.exact = steps, True
-            length = usage.accept_length
-            if expose and length is not None:
-                headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
-        set_usage(record, tally, usage)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise UpstreamBadResponse(f"worker {worker.name} answered with no JSON object")
+    usage = parse_usage(doc)
+    strip = not request.client_wants_meta_info
+    steps = take_meta_info(doc, strip=strip)
+    if strip and b'"meta_info"' in body:
+        body = orjson.dumps(doc)
+    if usage is not None and steps is not None:
+        usage.verify_steps, usage.exact = steps, True
+        length = usage.accept_length
+        if expose and length is not None:
+            headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
+    set_usage(record, tally, usage)
     record.status = response.status_code
-    content_type = response.headers.get("content-type", "application/json")
-    await down.complete(response.status_code, body, content_type.encode("latin-1"), headers)
+    await down.complete(response.status_code, body, b"application/json", headers)
 
 
 def set_usage(record: AccessRecord, tally: Tally, usage: Usage | None) -> None:

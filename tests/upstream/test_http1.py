@@ -13,13 +13,14 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
 import pytest
 
 from app.config import Settings
 from app.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
 from app.upstream.client import UpstreamClient
-from app.upstream.http1 import HIGH_WATER, Http1Client
+from app.upstream import errors as wire
+from app.upstream.connection import HIGH_WATER
+from app.upstream.http1 import Http1Client
 from app.workers.worker import Worker
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -266,7 +267,7 @@ async def test_server_closing_mid_response(serve: Start, client: Http1Client) ->
     response = await client.request("127.0.0.1", server.port, post(server.port))
     chunks = response.aiter_raw()
     assert await chunks.__anext__() == b"data: 1\n\n"
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.ConnectionLost):
         await chunks.__anext__()
     await response.aclose()
     assert client.idle_connections("127.0.0.1", server.port) == 0
@@ -280,13 +281,13 @@ async def test_server_closing_before_answering(serve: Start, client: Http1Client
         return handle
 
     server = await serve(make)
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.ConnectionLost):
         await client.request("127.0.0.1", server.port, post(server.port))
 
 
 async def test_malformed_response(serve: Start, client: Http1Client) -> None:
     server = await serve(fixed(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n"))
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.MalformedResponse):
         await client.request("127.0.0.1", server.port, post(server.port))
 
 
@@ -294,7 +295,7 @@ async def test_connection_refused(client: Http1Client) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(wire.ConnectFailed):
             await client.request("127.0.0.1", port, post(port))
 
 
@@ -307,7 +308,7 @@ async def test_server_that_never_answers(serve: Start, client: Http1Client) -> N
         return handle
 
     server = await serve(make)
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(wire.ReadTimeout):
         await client.request("127.0.0.1", server.port, post(server.port), first_byte_s=0.05)
     assert client.idle_connections("127.0.0.1", server.port) == 0
 
@@ -326,7 +327,7 @@ async def test_server_that_goes_silent_mid_stream(serve: Start, client: Http1Cli
     response = await client.request("127.0.0.1", server.port, post(server.port), idle_s=0.05)
     chunks = response.aiter_raw()
     assert await chunks.__anext__() == b"data: 1\n\n"
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(wire.ReadTimeout):
         await chunks.__anext__()
 
 
@@ -346,7 +347,7 @@ async def test_connect_timeout() -> None:
                 fillers.append(s)
             client = Http1Client(connect_s=0.2)
             try:
-                with pytest.raises(httpx.ConnectTimeout):
+                with pytest.raises(wire.ConnectTimeout):
                     await client.request("127.0.0.1", port, post(port))
             finally:
                 await client.aclose()
@@ -508,7 +509,7 @@ async def test_pump_raises_a_connection_dropped_mid_body(serve: Start, client: H
     server = await serve(make)
     response = await client.request("127.0.0.1", server.port, post(server.port))
     got: list[bytes] = []
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.ConnectionLost):
         await response.pump(lambda data: got.append(data) is not None, _never_called)
     assert got == [b"data: 1\n\n"]
     assert client.idle_connections("127.0.0.1", server.port) == 0
@@ -533,7 +534,7 @@ async def test_pump_raises_what_the_sink_raised_and_drops_the_connection(
 
 
 def upstream(settings: Settings | None = None) -> UpstreamClient:
-    return UpstreamClient(settings or Settings(), None)
+    return UpstreamClient(settings or Settings())
 
 
 async def test_upstream_client_request_head(serve: Start) -> None:
@@ -609,7 +610,7 @@ async def test_upstream_client_maps_a_hang_up_before_headers_to_connect_error(
 def test_timeout_is_a_gateway_timeout() -> None:
     from app.upstream.client import map_transport_error
 
-    error = map_transport_error(httpx.ReadTimeout("x"), Worker("http://w:1"), committed=False)
+    error = map_transport_error(wire.ReadTimeout("x"), Worker("http://w:1"), committed=False)
     assert isinstance(error, UpstreamTimeout)
 
 
