@@ -210,7 +210,7 @@ class Http1Client:
         idle_s: float | None = None,
     ) -> Http1Response:
         """Send ``data`` (a whole request: head and body) and return the response once its
-        status and headers arrived."""
+        status and headers arrived. Raises a ``TransportError`` (``app.upstream.errors``)."""
         conn = await self._acquire(host, port)
         try:
             conn.begin(data)

@@ -1,4 +1,4 @@
-"""Http1Client (the proxied POST's HTTP/1.1 client) against small HTTP servers on loopback.
+"""Http1Client (the HTTP/1.1 client of every worker call) against small HTTP servers on loopback.
 
 Each server is a real asyncio server that speaks raw HTTP/1.1, so framing (chunked,
 Content-Length, until-close), keep-alive reuse, connections dropped mid-response, silent servers
