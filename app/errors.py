@@ -17,6 +17,7 @@
     └── UpstreamError                   502 upstream_error        (a worker failed us)
         ├── UpstreamConnectError        502  connect refused/reset before a response: retryable
         ├── UpstreamTimeout             504  no first byte / idle too long
+        ├── UpstreamBadResponse         502  not an HTTP/1.1 answer the gateway accepts: retryable
         ├── UpstreamStatusError         the worker's own status, its message rewrapped
         └── UpstreamStreamBroken        502  the stream ended without [DONE] after the commit point
 
@@ -163,7 +164,7 @@ class ServiceUnavailable(GatewayError):
 class UpstreamError(GatewayError):
     status = 502
     type = "upstream_error"
-    code = "upstream_error"
+    code: str | None = "upstream_error"
     # Whether another worker may be tried (only ever before the commit point).
     retryable = False
     # The client's version of ``message``, which names the worker.
@@ -173,11 +174,25 @@ class UpstreamError(GatewayError):
     def client_message(self) -> str:
         return self.public
 
+    @property
+    def reason(self) -> str:
+        """A bounded, server-controlled name of the failure (metric label, log field)."""
+        return self.code or "error"
+
 
 class UpstreamConnectError(UpstreamError):
     code = "upstream_unavailable"
     retryable = True
     public = "no worker could be reached for the request"
+
+
+class UpstreamBadResponse(UpstreamError):
+    """The worker's answer broke HTTP/1.1 or the API: unparsable, a protocol switch, a head too
+    large, bytes after its end, a redirect, or a non-streamed body that is not JSON."""
+
+    code = "bad_upstream_response"
+    retryable = True
+    public = "a worker sent an invalid response"
 
 
 class UpstreamTimeout(UpstreamError):
@@ -187,14 +202,41 @@ class UpstreamTimeout(UpstreamError):
     public = "the worker did not answer in time"
 
 
+# OpenAI's error types for a refused request; anything else from a worker becomes
+# ``invalid_request_error`` (4xx) or ``server_error`` (5xx).
+_CLIENT_ERROR_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+    }
+)
+_STATUS_CODES = {429: "rate_limit_exceeded", 503: "service_unavailable"}
+_MAX_CODE = 64
+_MAX_PARAM = 256
+
+
 class UpstreamStatusError(UpstreamError):
-    """A worker answered with an error status; status and message are the worker's."""
+    """A worker answered with an error status; status and message are the worker's, type and
+    code are OpenAI's (see ``from_worker``)."""
 
     RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
-    def __init__(self, message: str, *, status: int, param: str | None = None) -> None:
-        super().__init__(message, status=status, param=param, code=str(status))
-        self.type = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, param=param)
+        client_error = 400 <= status < 500
+        self.code = code
+        self.type = type_ or ("invalid_request_error" if client_error else "server_error")
         self.retryable = status in self.RETRYABLE_STATUSES
 
     @property
@@ -204,11 +246,19 @@ class UpstreamStatusError(UpstreamError):
             return self.message
         return f"the worker failed to process the request (HTTP {self.status})"
 
+    @property
+    def reason(self) -> str:
+        return str(self.status)
+
     @classmethod
     def from_worker(cls, status: int, raw: bytes) -> UpstreamStatusError:
-        """Rewrap SGLang's ``{"object": "error", "message": ...}`` (or an OpenAI body)."""
+        """Rewrap SGLang's ``{"object": "error", "message", "type", "param", "code": 400}`` (or
+        an OpenAI body) in OpenAI's shape: the worker's message and ``param``; ``type`` OpenAI's
+        (the worker's when it is one of OpenAI's client-error types on a 4xx); ``code`` the
+        worker's when it is a string name (not a number), else ``context_length_exceeded`` for
+        a prompt too long, else one implied by the status (429, 503), else null."""
         message = f"worker returned HTTP {status}"
-        param = None
+        param = code = type_ = None
         try:
             data = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
@@ -218,9 +268,24 @@ class UpstreamStatusError(UpstreamError):
             inner: dict[str, Any] = nested if isinstance(nested, dict) else data
             if isinstance(inner.get("message"), str) and inner["message"]:
                 message = inner["message"]
-            if isinstance(inner.get("param"), str):
+            if isinstance(inner.get("param"), str) and len(inner["param"]) <= _MAX_PARAM:
                 param = inner["param"]
-        return cls(message, status=status, param=param)
+            code = _code_name(inner.get("code"))
+            if 400 <= status < 500 and inner.get("type") in _CLIENT_ERROR_TYPES:
+                type_ = inner["type"]
+        if code is None and 400 <= status < 500 and "context length" in message.lower():
+            code = "context_length_exceeded"  # SGLang's and OpenAI's words for a long prompt
+        if code is None:
+            code = _STATUS_CODES.get(status)
+        return cls(message, status=status, param=param, code=code, type_=type_)
+
+
+def _code_name(code: object) -> str | None:
+    """``code`` if it is a name like ``context_length_exceeded`` (SGLang sends the status)."""
+    if not isinstance(code, str) or not 0 < len(code) <= _MAX_CODE or not code.isascii():
+        return None
+    bare = code.replace("_", "").replace("-", "").replace(".", "")
+    return code if bare.isalnum() and not bare.isdigit() else None
 
 
 class UpstreamStreamBroken(UpstreamError):

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, FastAPI
 from starlette.datastructures import State
 from starlette.middleware.cors import CORSMiddleware
@@ -72,16 +71,15 @@ class GatewayApp:
 def create_app(
     settings: Settings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> GatewayApp:
-    """Build the gateway. ``transport`` replaces the upstream HTTP transport (tests); ``clock``
-    and ``rng`` are the time and randomness sources (rids, backoff jitter, random policies)."""
+    """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
+    jitter, random policies)."""
     rng = rng or random.Random()
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
-    client = UpstreamClient(settings, transport)
+    client = UpstreamClient(settings)
     metrics = Metrics()
     proxy = Proxy(
         settings=settings,
@@ -163,7 +161,6 @@ def create_app(
     )
     app.openapi = lambda: openapi_document(app, settings)  # type: ignore[method-assign]
     app.state.settings = settings
-    app.state.transport = transport
     app.state.gateway = gateway
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)

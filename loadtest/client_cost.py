@@ -8,7 +8,7 @@ process on the other CPU (uvloop, like the gateway) and POSTs ``--requests`` cha
 decoding). Reported: that process's CPU (utime+stime) per request, for streamed responses of
 ``--tokens`` tokens and for non-streamed ones; best and worst of ``--rounds``. Clients:
 
-- ``httpx``: httpx + httpcore on the asyncio-native network backend (``WorkerTransport``);
+- ``httpx``: ``httpx.AsyncClient`` (httpcore's HTTP/1.1 pool);
 - ``aiohttp``: ``aiohttp.ClientSession`` (when installed; not a gateway dependency);
 - ``http1``: ``app.upstream.http1`` (asyncio Protocol + httptools), the gateway's choice.
 """
@@ -51,7 +51,7 @@ async def _run_http1(url: str, body: bytes, n: int, concurrency: int) -> int:
     from app.upstream.client import UpstreamClient
     from app.workers.worker import Worker
 
-    client = UpstreamClient(Settings(), None)
+    client = UpstreamClient(Settings())
     worker = Worker(url)
 
     async def one() -> int:
@@ -69,27 +69,22 @@ async def _run_http1(url: str, body: bytes, n: int, concurrency: int) -> int:
 
 
 async def _run_httpx(url: str, body: bytes, n: int, concurrency: int) -> int:
-    from app.config import Settings
-    from app.upstream.client import UpstreamClient
-    from app.upstream.transport import WorkerTransport
-    from app.workers.worker import Worker
+    import httpx
 
-    # The injected transport takes the httpx path of UpstreamClient.open (what ran before).
-    client = UpstreamClient(Settings(), WorkerTransport())
-    worker = Worker(url)
+    limits = httpx.Limits(max_connections=None, keepalive_expiry=4.0)
+    headers = {"content-type": "application/json", "accept-encoding": "identity"}
+    async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:
 
-    async def one() -> int:
-        response = await client.open(worker, "/v1/chat/completions", body, [])
-        size = 0
-        async for part in response.aiter_raw():
-            size += len(part)
-        await response.aclose()
-        return size
+        async def one() -> int:
+            size = 0
+            async with client.stream(
+                "POST", url + "/v1/chat/completions", content=body, headers=headers
+            ) as r:
+                async for part in r.aiter_raw():
+                    size += len(part)
+            return size
 
-    try:
         return await _drive(one, n, concurrency)
-    finally:
-        await client.aclose()
 
 
 async def _run_aiohttp(url: str, body: bytes, n: int, concurrency: int) -> int:

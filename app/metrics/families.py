@@ -17,7 +17,15 @@ MAX_MODELS = 32
 STATUSES = ("200", "400", "404", "429", "499", "500", "502", "503", "504")
 # ``retries_total{reason}``: the error code of the failed attempt.
 RETRY_REASONS = frozenset(
-    {"upstream_unavailable", "stream_interrupted", "upstream_timeout", "502", "503", "504"}
+    {
+        "upstream_unavailable",
+        "stream_interrupted",
+        "upstream_timeout",
+        "bad_upstream_response",
+        "502",
+        "503",
+        "504",
+    }
 )
 SOURCES = ("exact", "estimated")
 

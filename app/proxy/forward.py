@@ -251,7 +251,7 @@ class Proxy:
                 last = number == retry.max_attempts or self._clock() >= budget_end
                 if job.committed or not exc.retryable or last or not self._has_other(job, tried):
                     break
-                self._metrics.record_retry(exc.code or "error")
+                self._metrics.record_retry(exc.reason)
                 log.info("retrying %s after %s on %s", job.request_id, exc.code, worker.name)
                 delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (number - 1))
                 await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))

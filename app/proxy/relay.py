@@ -17,17 +17,14 @@ client's copy unless the client asked for it.
 
 from __future__ import annotations
 
-import contextlib
-
-import httpx
 import orjson
 
-from app.errors import UpstreamStreamBroken
+from app.errors import UpstreamBadResponse, UpstreamStreamBroken
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
 from app.upstream.client import UpstreamResponse, map_transport_error
-from app.upstream.http1 import Http1Response
+from app.upstream.errors import TransportError
 from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
@@ -65,7 +62,7 @@ async def relay_stream(
                     tally.first_at = clock()
                     break
         direct = down.direct()
-        if direct is not None and isinstance(response, Http1Response):
+        if direct is not None:
             # Steady state in the upstream connection's read callback: no task switch per chunk.
             write, feed = direct.write, obs.feed
 
@@ -88,7 +85,7 @@ async def relay_stream(
         rest = obs.finish()
         if rest:
             await chunk_out(rest)
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=obs.first_data) from None
     finally:
         tally.events = obs.events
@@ -108,26 +105,30 @@ async def relay_whole(
     attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
 ) -> None:
     """Relay a non-streamed response: the worker's bytes, read whole, sent as they are (less the
-    ``meta_info`` the gateway asked for). ``expose``: the exact acceptance length as a header."""
+    ``meta_info`` the gateway asked for) as ``application/json``; a body that is not a JSON
+    object is the worker's failure. ``expose``: the exact acceptance length as a header."""
     response = _response(attempt)
     try:
         body = await response.aread()
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
-    headers: list[tuple[bytes, bytes]] = []
-    with contextlib.suppress(orjson.JSONDecodeError):
+    try:
         doc = orjson.loads(body)
-        usage = parse_usage(doc)
-        strip = not request.client_wants_meta_info
-        steps = take_meta_info(doc, strip=strip)
-        if strip and b'"meta_info"' in body:
-            body = orjson.dumps(doc)
-        if usage is not None and steps is not None:
-            usage.verify_steps, usage.exact = steps, True
-            length = usage.accept_length
-            if expose and length is not None:
-                headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
-        if usage is not None:
-            attempt.tally.usage = usage
-    content_type = response.headers.get("content-type", "application/json")
-    await down.complete(response.status_code, body, content_type.encode("latin-1"), headers)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise UpstreamBadResponse(f"worker {attempt.worker.name} answered with no JSON object")
+    headers: list[tuple[bytes, bytes]] = []
+    usage = parse_usage(doc)
+    strip = not request.client_wants_meta_info
+    steps = take_meta_info(doc, strip=strip)
+    if strip and b'"meta_info"' in body:
+        body = orjson.dumps(doc)
+    if usage is not None and steps is not None:
+        usage.verify_steps, usage.exact = steps, True
+        length = usage.accept_length
+        if expose and length is not None:
+            headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
+    if usage is not None:
+        attempt.tally.usage = usage
+    await down.complete(response.status_code, body, b"application/json", headers)

@@ -1,85 +1,63 @@
-"""The pooled keep-alive HTTP clients a gateway process uses to talk to workers.
+"""The gateway's calls to workers, over the pooled keep-alive HTTP/1.1 client of
+``app.upstream.http1``: the proxied POST (the hot path) and the small control calls
+(``/health``, ``/v1/loads``, ``/v1/models``, ``/abort_request``).
 
-The proxied POST (the hot path) goes through ``app.upstream.http1``, a lean HTTP/1.1 client on
-asyncio Protocols and httptools; the small control calls (``/health``, ``/v1/loads``,
-``/abort_request``) go through httpx. When a transport is injected (``httpx.MockTransport`` in
-unit tests) every call goes through httpx and that transport. Either way, ``open`` returns an
-``UpstreamResponse`` and errors are raised in httpx's vocabulary below this module and mapped to
-``app.errors`` here, at the boundary, so nothing above this module knows httpx's exception tree.
+This module is the boundary: below it errors are ``app.upstream.errors``, above it they are
+``app.errors`` (``map_transport_error``), and a worker's error status becomes an
+``UpstreamStatusError`` carrying the worker's own message.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
-import httpx
 import orjson
 
 from app.config import Settings
 from app.errors import (
+    UpstreamBadResponse,
     UpstreamConnectError,
     UpstreamError,
     UpstreamStatusError,
     UpstreamStreamBroken,
     UpstreamTimeout,
 )
-from app.upstream.http1 import Http1Client
-from app.upstream.transport import WorkerTransport
+from app.upstream.errors import (
+    ConnectFailed,
+    MalformedResponse,
+    ReadTimeout,
+    TransportError,
+)
+from app.upstream.http1 import Http1Client, Http1Response
 from app.workers.worker import Worker
 
-_MAX_ERROR_BODY = 64 * 1024
+# What ``UpstreamClient.open`` returns.
+UpstreamResponse: TypeAlias = Http1Response
+
+_MAX_ERROR_BODY = 64 * 1024  # of a worker's error response, read for its message
+_MAX_CONTROL_BODY = 1024 * 1024  # of a control call's answer (/v1/models, /v1/loads...)
 _MAX_TARGETS = 4096  # cached request heads; workers come and go under discovery
 
 
-class UpstreamResponse(Protocol):
-    """What ``UpstreamClient.open`` returns (an ``httpx.Response`` is one too)."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    def aiter_raw(self) -> AsyncIterator[bytes]: ...
-
-    async def aread(self) -> bytes: ...
-
-    async def aclose(self) -> None: ...
-
-
 class UpstreamClient:
-    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None) -> None:
+    def __init__(self, settings: Settings) -> None:
         t = settings.timeouts
         self._abort_s = min(t.connect_s, 5.0)
-        # No read timeout on proxied requests: the proxy's supervisor enforces the first-byte
-        # and idle deadlines (and aborts on the worker first), without a timer per chunk.
-        self._timeout = httpx.Timeout(connect=t.connect_s, read=None, write=t.idle_s, pool=None)
-        base_headers = {"accept-encoding": "identity", "content-type": "application/json"}
+        base = [(b"accept-encoding", b"identity"), (b"content-type", b"application/json")]
         if settings.worker_api_key is not None:
-            base_headers["authorization"] = f"Bearer {settings.worker_api_key.get_secret_value()}"
-        self._base_raw = [(k.encode(), v.encode()) for k, v in base_headers.items()]
-        self._timeouts = self._timeout.as_dict()
-        self._urls: dict[str, httpx.URL] = {}
+            key = settings.worker_api_key.get_secret_value()
+            base.append((b"authorization", b"Bearer " + key.encode()))
+        self._base_raw = base
         # Per worker URL + path: host, port and the request head up to the per-request headers.
         self._targets: dict[str, tuple[str, int, bytes]] = {}
-        self._wire: Http1Client | None = None
-        if transport is None:
-            self._wire = Http1Client(connect_s=t.connect_s, keepalive_s=t.worker_keepalive_s)
-            transport = WorkerTransport(
-                max_keepalive_connections=64, keepalive_expiry=t.worker_keepalive_s
-            )
-        self._transport = transport
-        self._client = httpx.AsyncClient(
-            transport=transport, timeout=self._timeout, headers=base_headers, trust_env=False
-        )
+        # No read timeout on proxied requests: the proxy's supervisor enforces the first-byte
+        # and idle deadlines (and aborts on the worker first), without a timer per chunk.
+        self._wire = Http1Client(connect_s=t.connect_s, keepalive_s=t.worker_keepalive_s)
 
     async def aclose(self) -> None:
-        if self._wire is not None:
-            await self._wire.aclose()
-        await self._client.aclose()
+        await self._wire.aclose()
 
     async def open(
         self,
@@ -91,31 +69,31 @@ class UpstreamClient:
         """POST ``body`` and return the streaming response once its headers arrived with 2xx.
 
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
+        ``UpstreamBadResponse`` (not an HTTP/1.1 response the gateway accepts),
         ``UpstreamTimeout`` or ``UpstreamStatusError`` (the worker's own status and message).
         The exact first-byte deadline is the caller's (the proxy's supervisor aborts the attempt
         on its worker before giving up on it).
         """
-        response: UpstreamResponse
-        if self._wire is not None:
-            host, port, prefix = self._target(worker.url + path)
-            parts = [prefix, b"content-length: %d\r\n" % len(body)]
-            for name, value in headers:
-                parts += (name, b": ", value, b"\r\n")
-            parts += (b"\r\n", body)
+        host, port, prefix = self._target(worker.url + path)
+        parts = [prefix, b"content-length: %d\r\n" % len(body)]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (b"\r\n", body)
+        try:
+            response = await self._wire.request(host, port, b"".join(parts))
+        except TransportError as exc:
+            raise map_transport_error(exc, worker, committed=False) from None
+        status = response.status_code
+        if status >= 300:
             try:
-                response = await self._wire.request(host, port, b"".join(parts))
-            except httpx.HTTPError as exc:
-                raise map_transport_error(exc, worker, committed=False) from None
-        else:
-            response = await self._send(worker, path, body, headers)
-        if response.status_code >= 300:
-            try:
-                raw = await self._read_capped(response)
-            except httpx.HTTPError:
+                raw = await _read_capped(response)
+            except TransportError:
                 raw = b""
             finally:
                 await response.aclose()
-            raise UpstreamStatusError.from_worker(response.status_code, raw)
+            if not 400 <= status < 600:  # a redirect, or no HTTP status at all
+                raise UpstreamBadResponse(f"worker {worker.name} answered HTTP {status}")
+            raise UpstreamStatusError.from_worker(status, raw)
         return response
 
     def _target(self, url: str) -> tuple[str, int, bytes]:
@@ -131,45 +109,6 @@ class UpstreamClient:
                 self._targets.clear()
             target = self._targets[url] = (parts.hostname, parts.port or 80, head)
         return target
-
-    async def _send(
-        self, worker: Worker, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> httpx.Response:
-        """The proxied POST through httpx and the injected transport."""
-        # Straight to the client's transport: the proxied POST needs none of AsyncClient.send's
-        # redirect, auth, cookie or event-hook machinery, and a worker's URL is parsed once.
-        url = worker.url + path
-        target = self._urls.get(url)
-        if target is None:
-            if len(self._urls) > 4096:  # workers come and go under discovery
-                self._urls.clear()
-            target = self._urls[url] = httpx.URL(url)
-        request = httpx.Request(
-            "POST",
-            target,
-            content=body,
-            headers=self._base_raw + headers,
-            extensions={"timeout": self._timeouts},
-        )
-        try:
-            response = await self._transport.handle_async_request(request)
-        except httpx.HTTPError as exc:
-            raise map_transport_error(exc, worker, committed=False) from None
-        response.request = request
-        return response
-
-    @staticmethod
-    async def _read_capped(response: UpstreamResponse) -> bytes:
-        if isinstance(response, httpx.Response) and hasattr(response, "_content"):
-            return response.content[:_MAX_ERROR_BODY]  # already read (a transport that buffers)
-        parts: list[bytes] = []
-        size = 0
-        async for part in response.aiter_raw():
-            parts.append(part)
-            size += len(part)
-            if size >= _MAX_ERROR_BODY:
-                break
-        return b"".join(parts)[:_MAX_ERROR_BODY]
 
     async def abort(self, worker: Worker, rid: str) -> bool:
         """Best effort ``POST /abort_request``; True when the worker answered 2xx."""
@@ -200,20 +139,9 @@ class UpstreamClient:
         body: bytes | None,
         timeout: float,  # noqa: ASYNC109
     ) -> tuple[int, bytes]:
-        """A small control call (health, loads, models, abort), whole within ``timeout``.
-        Raises ``UpstreamTimeout`` or ``UpstreamConnectError``."""
-        url = worker.url + path
-        if self._wire is None:
-            try:
-                response = await self._client.request(
-                    method, url, content=body, timeout=httpx.Timeout(timeout)
-                )
-            except httpx.TimeoutException as exc:
-                raise UpstreamTimeout(f"{worker.name}{path}: timed out") from exc
-            except httpx.HTTPError as exc:
-                raise map_transport_error(exc, worker, committed=False) from exc
-            return response.status_code, response.content
-        host, port, head = self._control_head(url, method)
+        """A small control call (health, loads, models, abort), whole within ``timeout``, its
+        answer at most ``_MAX_CONTROL_BODY`` bytes. Raises an ``UpstreamError``."""
+        host, port, head = self._control_head(worker.url + path, method)
         if body is not None:
             request = b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
         else:
@@ -222,12 +150,12 @@ class UpstreamClient:
             async with asyncio.timeout(timeout):
                 answer = await self._wire.request(host, port, request)
                 try:
-                    content = await answer.aread()
+                    content = await answer.aread(_MAX_CONTROL_BODY)
                 finally:
                     await answer.aclose()
         except TimeoutError:
             raise UpstreamTimeout(f"{worker.name}{path}: timed out") from None
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             raise map_transport_error(exc, worker, committed=False) from exc
         return answer.status_code, content
 
@@ -237,18 +165,29 @@ class UpstreamClient:
         return host, port, method.encode("ascii") + head[4:]  # the cached head is a POST
 
 
-def map_transport_error(exc: httpx.HTTPError, worker: Worker, *, committed: bool) -> UpstreamError:
-    """httpx's errors in the gateway's terms. Before the commit point a dropped connection is
-    retryable; after it the stream is broken."""
+async def _read_capped(response: UpstreamResponse) -> bytes:
+    """At most ``_MAX_ERROR_BODY`` bytes of an error response's body."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.aiter_raw():
+        parts.append(part)
+        size += len(part)
+        if size >= _MAX_ERROR_BODY:
+            break
+    return b"".join(parts)[:_MAX_ERROR_BODY]
+
+
+def map_transport_error(exc: TransportError, worker: Worker, *, committed: bool) -> UpstreamError:
+    """``app.upstream.errors`` in the gateway's terms. Before the commit point a dropped
+    connection is retryable; after it the stream is broken."""
     name = worker.name
-    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
-        return UpstreamTimeout(f"worker {name} timed out: {type(exc).__name__}")
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-        return UpstreamConnectError(f"cannot connect to worker {name}")
+    kind = type(exc).__name__
+    if isinstance(exc, ReadTimeout):
+        return UpstreamTimeout(f"worker {name} timed out: {exc}")
+    if isinstance(exc, ConnectFailed):
+        return UpstreamConnectError(f"cannot connect to worker {name}: {exc}")
     if committed:
-        return UpstreamStreamBroken(f"worker {name} stream interrupted: {type(exc).__name__}")
-    return UpstreamConnectError(f"worker {name} closed the connection: {type(exc).__name__}")
-
-
-def header_map(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        return UpstreamStreamBroken(f"worker {name} stream interrupted: {kind}: {exc}")
+    if isinstance(exc, MalformedResponse):
+        return UpstreamBadResponse(f"worker {name} sent an invalid response: {exc}")
+    return UpstreamConnectError(f"worker {name} closed the connection: {exc}")

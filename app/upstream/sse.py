@@ -25,8 +25,10 @@ token-weighted fleet figure but not in its own per-request value. Events are cou
 ``bytes.count`` on whole reads; SSE lines start after a raw newline, which JSON strings never
 contain.
 
-Events split across reads are held until their ``\\n\\n`` arrives (an incomplete SSE event is
-useless to a client anyway); whole events are never held.
+Events split across reads are held until their blank line (``\\n\\n`` or ``\\r\\n\\r\\n``) arrives
+(an incomplete SSE event is useless to a client anyway); whole events are never held. The end of
+the stream, ``data: [DONE]``, counts only as a whole event at a line start: a completion whose
+text says ``data: [DONE]`` carries it inside a JSON string, never after a raw newline.
 """
 
 from __future__ import annotations
@@ -130,19 +132,15 @@ class SSEObserver:
         self.usage: Usage | None = None
         self.inband_error = False
 
-    @property
-    def chunks(self) -> int:
-        return self.events
-
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to relay now for this upstream ``chunk`` (may be empty)."""
         if self._carry:
             chunk = self._carry + chunk
             self._carry = b""
-        if not chunk.endswith(b"\n\n") and not chunk.endswith(b"\r\n\r\n"):
-            cut = chunk.rfind(b"\n\n")
-            if cut >= 0:
-                chunk, self._carry = chunk[: cut + 2], chunk[cut + 2 :]
+        if not chunk.endswith(b"\n\n") and not chunk.endswith(b"\n\r\n"):
+            cut = _last_event_end(chunk)
+            if cut > 0:
+                chunk, self._carry = chunk[:cut], chunk[cut:]
             elif len(chunk) < _MAX_CARRY:
                 self._carry = chunk
                 return b""
@@ -151,18 +149,24 @@ class SSEObserver:
         self.events += chunk.count(_EVENT) + chunk.startswith(b"data:")
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
-        if _DONE in chunk:
+        at = chunk.find(_DONE)
+        if at >= 0 and _done_at(chunk, at, 0):
             self.done = True
         elif b'{"error"' in chunk:
             self.inband_error = True
         return chunk
 
     def finish(self) -> bytes:
-        """Whatever was held at end of stream (an unterminated last event)."""
+        """What to relay of the bytes held at the end of the stream: an unterminated last event.
+        A final ``data: [DONE]`` line is completed with its blank line; any other event the
+        worker never finished is dropped (a client could not use it, and it would run into the
+        error event that follows)."""
         rest, self._carry = self._carry, b""
-        if _DONE in rest:
+        line = rest.rstrip(b"\r\n")
+        if line.endswith(_DONE) and (len(line) == len(_DONE) or line[-len(_DONE) - 1] == 10):
             self.done = True
-        return rest
+            return line + (b"\r\n\r\n" if b"\r\n" in rest else b"\n\n")
+        return b""
 
     def _first(self, chunk: bytes) -> bytes:
         at = chunk.find(b"data:")
@@ -175,7 +179,8 @@ class SSEObserver:
         self.events += _events(chunk)
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
-        if _DONE in chunk:
+        done = chunk.find(_DONE)
+        if done >= 0 and _done_at(chunk, done, 0):
             self.done = True
         return chunk
 
@@ -184,8 +189,7 @@ class SSEObserver:
         ``chunk`` if the client didn't ask for it, else add the acceptance length when enabled."""
         at = max(chunk.find(_EMPTY_CHOICES[0]), chunk.find(_EMPTY_CHOICES[1]))
         start = chunk.rfind(b"data:", 0, at)
-        end = chunk.find(b"\n\n", at)
-        end = len(chunk) if end < 0 else end + 2
+        end = _event_end(chunk, at)
         try:
             usage = parse_usage(orjson.loads(chunk[start + 5 : end].strip()))
         except orjson.JSONDecodeError:
@@ -195,7 +199,8 @@ class SSEObserver:
             steps = self.events - _events(chunk[start:]) - self._overhead
             usage.verify_steps = steps if steps > 0 else None
         self.usage = usage
-        if _DONE in chunk[end:]:
+        done = chunk.find(_DONE, end)
+        if done >= 0 and _done_at(chunk, done, end):
             self.done = True
         if self._drop_usage:
             return chunk[:start] + chunk[end:]
@@ -218,9 +223,38 @@ def _with_field(chunk: bytes, start: int, end: int, length: float) -> bytes:
     return chunk
 
 
+def _event_end(chunk: bytes, at: int) -> int:
+    """Where the event holding ``chunk[at]`` ends (after its blank line), or ``len(chunk)``."""
+    lf, crlf = chunk.find(b"\n\n", at), chunk.find(b"\n\r\n", at)
+    if lf >= 0 and (crlf < 0 or lf < crlf):
+        return lf + 2
+    return crlf + 3 if crlf >= 0 else len(chunk)
+
+
+def _last_event_end(chunk: bytes) -> int:
+    """Where the last whole event of ``chunk`` ends, or -1 if there is none."""
+    lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
+    if lf > crlf:
+        return lf + 2
+    return crlf + 3 if crlf >= 0 else -1
+
+
+def _done_at(chunk: bytes, at: int, start: int) -> bool:
+    """Whether ``chunk`` holds the whole event ``data: [DONE]``, searching from ``at`` (its
+    first occurrence at or after ``start``, an event boundary): at a line start and followed by
+    the blank line that ends an event. Elsewhere those words are text inside a JSON string."""
+    while at >= 0:
+        end = at + len(_DONE)
+        if (at == start or chunk[at - 1] == 10) and (
+            chunk.startswith(b"\n\n", end) or chunk.startswith(b"\r\n\r\n", end)
+        ):
+            return True
+        at = chunk.find(_DONE, end)
+    return False
+
+
 def _leading_error(event: bytes) -> UpstreamStatusError:
-    end = event.find(b"\n\n")
-    raw = event[: end if end >= 0 else len(event)].strip()
+    raw = event[: _event_end(event, 0)].strip()
     status = 502
     try:
         data = orjson.loads(raw)

@@ -1,4 +1,4 @@
-"""Http1Client (the proxied POST's HTTP/1.1 client) against small HTTP servers on loopback.
+"""Http1Client (the HTTP/1.1 client of every worker call) against small HTTP servers on loopback.
 
 Each server is a real asyncio server that speaks raw HTTP/1.1, so framing (chunked,
 Content-Length, until-close), keep-alive reuse, connections dropped mid-response, silent servers
@@ -11,128 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
 import pytest
 
 from app.config import Settings
 from app.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
+from app.upstream import errors as wire
 from app.upstream.client import UpstreamClient
-from app.upstream.http1 import HIGH_WATER, Http1Client
+from app.upstream.connection import HIGH_WATER
+from app.upstream.http1 import Http1Client
 from app.workers.worker import Worker
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-SSE = (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n")
-
-
-async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """(head, body) of one request with a Content-Length body."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head, await reader.readexactly(length)
-
-
-def chunked(*parts: bytes) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
-
-
-SSE_HEAD = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+from tests.upstream.fakes import (
+    SSE,
+    SSE_HEAD,
+    Handler,
+    Server,
+    Start,
+    body_of,
+    fixed,
+    keepalive_sse,
+    post,
 )
-
-
-class Server:
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.connections = 0
-        self.requests: list[tuple[bytes, bytes]] = []
-        self.port = 0
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            await self.handler(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def request(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-        request = await read_request(reader)
-        self.requests.append(request)
-        return request
-
-
-Start = Callable[[Callable[[Server], Handler]], Awaitable[Server]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Start]:
-    servers: list[asyncio.Server] = []
-
-    async def start(make: Callable[[Server], Handler]) -> Server:
-        server = Server(lambda r, w: make(server)(r, w))
-        srv = await asyncio.start_server(server.serve, "127.0.0.1", 0)
-        server.port = srv.sockets[0].getsockname()[1]
-        servers.append(srv)
-        return server
-
-    yield start
-    for srv in servers:
-        srv.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(srv.wait_closed(), 5)
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[Http1Client]:
-    c = Http1Client(connect_s=2.0)
-    yield c
-    await c.aclose()
-
-
-def post(port: int, body: bytes = b"{}", path: str = "/x") -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-def keepalive_sse(server: Server) -> Handler:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await server.request(reader)
-            writer.write(SSE_HEAD)
-            for event in SSE:  # one write per event, as a worker streams them
-                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
-                await writer.drain()
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-
-    return handle
-
-
-def fixed(response: bytes, *, keep: bool = True) -> Callable[[Server], Handler]:
-    def make(server: Server) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                await server.request(reader)
-                writer.write(response)
-                await writer.drain()
-                if not keep:
-                    return
-
-        return handle
-
-    return make
-
-
-async def body_of(response: object) -> bytes:
-    assert hasattr(response, "aiter_raw")
-    return b"".join([part async for part in response.aiter_raw()])
 
 
 async def test_chunked_stream_and_keep_alive_reuse(serve: Start, client: Http1Client) -> None:
@@ -266,7 +165,7 @@ async def test_server_closing_mid_response(serve: Start, client: Http1Client) ->
     response = await client.request("127.0.0.1", server.port, post(server.port))
     chunks = response.aiter_raw()
     assert await chunks.__anext__() == b"data: 1\n\n"
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.ConnectionLost):
         await chunks.__anext__()
     await response.aclose()
     assert client.idle_connections("127.0.0.1", server.port) == 0
@@ -280,13 +179,13 @@ async def test_server_closing_before_answering(serve: Start, client: Http1Client
         return handle
 
     server = await serve(make)
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.ConnectionLost):
         await client.request("127.0.0.1", server.port, post(server.port))
 
 
 async def test_malformed_response(serve: Start, client: Http1Client) -> None:
     server = await serve(fixed(b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n"))
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.MalformedResponse):
         await client.request("127.0.0.1", server.port, post(server.port))
 
 
@@ -294,7 +193,7 @@ async def test_connection_refused(client: Http1Client) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(wire.ConnectFailed):
             await client.request("127.0.0.1", port, post(port))
 
 
@@ -307,7 +206,7 @@ async def test_server_that_never_answers(serve: Start, client: Http1Client) -> N
         return handle
 
     server = await serve(make)
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(wire.ReadTimeout):
         await client.request("127.0.0.1", server.port, post(server.port), first_byte_s=0.05)
     assert client.idle_connections("127.0.0.1", server.port) == 0
 
@@ -326,7 +225,7 @@ async def test_server_that_goes_silent_mid_stream(serve: Start, client: Http1Cli
     response = await client.request("127.0.0.1", server.port, post(server.port), idle_s=0.05)
     chunks = response.aiter_raw()
     assert await chunks.__anext__() == b"data: 1\n\n"
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(wire.ReadTimeout):
         await chunks.__anext__()
 
 
@@ -346,7 +245,7 @@ async def test_connect_timeout() -> None:
                 fillers.append(s)
             client = Http1Client(connect_s=0.2)
             try:
-                with pytest.raises(httpx.ConnectTimeout):
+                with pytest.raises(wire.ConnectTimeout):
                     await client.request("127.0.0.1", port, post(port))
             finally:
                 await client.aclose()
@@ -508,7 +407,7 @@ async def test_pump_raises_a_connection_dropped_mid_body(serve: Start, client: H
     server = await serve(make)
     response = await client.request("127.0.0.1", server.port, post(server.port))
     got: list[bytes] = []
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(wire.ConnectionLost):
         await response.pump(lambda data: got.append(data) is not None, _never_called)
     assert got == [b"data: 1\n\n"]
     assert client.idle_connections("127.0.0.1", server.port) == 0
@@ -533,7 +432,7 @@ async def test_pump_raises_what_the_sink_raised_and_drops_the_connection(
 
 
 def upstream(settings: Settings | None = None) -> UpstreamClient:
-    return UpstreamClient(settings or Settings(), None)
+    return UpstreamClient(settings or Settings())
 
 
 async def test_upstream_client_request_head(serve: Start) -> None:
@@ -609,7 +508,7 @@ async def test_upstream_client_maps_a_hang_up_before_headers_to_connect_error(
 def test_timeout_is_a_gateway_timeout() -> None:
     from app.upstream.client import map_transport_error
 
-    error = map_transport_error(httpx.ReadTimeout("x"), Worker("http://w:1"), committed=False)
+    error = map_transport_error(wire.ReadTimeout("x"), Worker("http://w:1"), committed=False)
     assert isinstance(error, UpstreamTimeout)
 
 

@@ -1,0 +1,243 @@
+"""What a client sees when its worker misbehaves at the byte level: a real gateway process in
+front of a fake worker (raw asyncio on loopback, in a thread of this process) that is healthy for
+the gateway's checks and answers each completion the way its request's text names."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.conftest import gateway
+from tests.support.procs import ManagedProcess, ProcessManager
+
+MODEL = "moonshotai/Kimi-K2.5"
+CHAT = "/v1/chat/completions"
+
+
+def completion(text: str) -> bytes:
+    return orjson.dumps(
+        {
+            "id": "cmpl-1",
+            "object": "chat.completion",
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
+
+
+def response(
+    body: bytes, *, status: bytes = b"200 OK", content_type: bytes = b"application/json"
+) -> bytes:
+    return b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        status,
+        content_type,
+        len(body),
+        body,
+    )
+
+
+def sse_event(text: str) -> bytes:
+    delta = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return (
+        b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", **delta}) + b"\n\n"
+    )
+
+
+def stream(*events: bytes) -> bytes:
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+STRAY = response(completion("a stray answer nobody asked for"))
+SGLANG_TOO_LONG = (
+    b'{"object":"error","message":"The input (9000 tokens) is longer than the model\'s context '
+    b'length (8192 tokens).","type":"BadRequestError","param":null,"code":400}'
+)
+
+# The worker's answer to a completion whose text is "<scenario> <tag>".
+SCENARIOS: dict[str, Callable[[str], bytes]] = {
+    "ok": lambda tag: response(completion(tag)),
+    "stray": lambda tag: response(completion(tag)) + STRAY,
+    "upgrade": lambda tag: (
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+    ),
+    "bighead": lambda tag: (
+        b"HTTP/1.1 200 OK\r\nx-big: "
+        + b"a" * (1024 * 1024)
+        + b"\r\n"
+        + response(completion(tag))[17:]
+    ),
+    "short": lambda tag: (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
+        + completion(tag)
+    ),
+    "html": lambda tag: response(completion(tag), content_type=b"text/html"),
+    "notjson": lambda tag: response(
+        b"<html>" + tag.encode() + b"</html>", content_type=b"text/html"
+    ),
+    "toolong": lambda tag: response(SGLANG_TOO_LONG, status=b"400 Bad Request"),
+    "done-in-text": lambda tag: stream(sse_event(tag), sse_event("data: [DONE]")),
+}
+
+
+class FakeWorker:
+    """An HTTP/1.1 worker on 127.0.0.1 in its own thread and event loop."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FakeWorker:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = await reader.readexactly(length)
+                writer.write(self._answer(head.split(b" ")[1].decode(), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, path: str, body: bytes) -> bytes:
+        if path == "/v1/models":
+            return response(
+                orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            )
+        if path == CHAT:
+            text = orjson.loads(body)["messages"][-1]["content"]
+            scenario, _, tag = text.partition(" ")
+            return SCENARIOS[scenario](tag)
+        return response(b"{}")  # /health, /v1/loads, /abort_request
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    manager = ProcessManager(Path(tmp_path_factory.mktemp("hostile")))
+    with FakeWorker() as worker:
+        try:
+            # Every answer here is the worker's fault: keep its breaker closed for the next test.
+            env = {"DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000"}
+            yield gateway(manager, [worker.url], env=env)
+        except BaseException:
+            for chunk in manager.dump_logs():
+                print(chunk)
+            raise
+        finally:
+            manager.stop_all()
+
+
+def ask(gw: ManagedProcess, text: str, **extra: Any) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}]} | extra
+    return httpx.post(gw.url + CHAT, json=body, timeout=30)
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def content_of(response: httpx.Response) -> str:
+    return response.json()["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("scenario", ["stray", "upgrade", "bighead", "short", "notjson"])
+def test_a_bad_answer_is_a_clean_502_and_the_next_client_gets_its_own(
+    gw: ManagedProcess, scenario: str
+) -> None:
+    bad = ask(gw, f"{scenario} A")
+    assert bad.status_code == 502, bad.text
+    assert bad.headers["content-type"] == "application/json"
+    error = error_of(bad)
+    assert (error["type"], error["code"]) == ("upstream_error", "bad_upstream_response")
+    assert "stray" not in bad.text and "aaaa" not in bad.text
+    for tag in ("B", "C"):  # whatever connection the bad answer came on, it is not reused
+        good = ask(gw, f"ok {tag}")
+        assert good.status_code == 200, good.text
+        assert content_of(good) == tag
+
+
+def test_no_worker_bytes_escape_as_a_transport_error(gw: ManagedProcess) -> None:
+    assert ask(gw, "upgrade A").status_code == 502
+    assert "Fatal error" not in gw.logs()
+
+
+def test_a_json_answer_is_relayed_as_json_whatever_the_worker_called_it(
+    gw: ManagedProcess,
+) -> None:
+    answer = ask(gw, "html A")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/json"
+    assert content_of(answer) == "A"
+
+
+def test_done_inside_the_text_does_not_hide_a_cut_stream(gw: ManagedProcess) -> None:
+    answer = ask(gw, "done-in-text A", stream=True)
+    assert answer.status_code == 200
+    events = [e[len("data: ") :] for e in answer.text.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert orjson.loads(events[-2])["error"]["code"] == "stream_interrupted"
+    assert [orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [
+        "A",
+        "data: [DONE]",
+    ]
+
+
+def test_a_worker_refusal_keeps_its_words_in_openai_shape(gw: ManagedProcess) -> None:
+    refused = ask(gw, "toolong A")
+    assert refused.status_code == 400
+    assert error_of(refused) == {
+        "message": "The input (9000 tokens) is longer than the model's context length "
+        "(8192 tokens).",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "context_length_exceeded",
+    }
