@@ -28,6 +28,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from app.auth import check_keys, read_keys_file
+
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 
@@ -118,11 +120,19 @@ class LimitsConfig(_Section):
 
 
 class AuthConfig(_Section):
-    # A file of NAME:KEY lines (e.g. a mounted Secret), re-read every reload_s.
+    # A file of NAME:KEY lines (e.g. a mounted Secret), re-read every reload_s (``--api-key-file``).
+    # Every key at least 16 characters; a bad line stops start-up (a reload keeps the last set).
     keys_file: Path | None = None
     reload_s: float = Field(10.0, gt=0)
     # Probes and scrapers need no key; set to require one on /metrics and /workers too.
     protect_ops: bool = False
+
+    @field_validator("keys_file")
+    @classmethod
+    def _check_keys_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            read_keys_file(path)  # an unreadable file is only warned about (it may appear later)
+        return path
 
 
 class DiscoveryConfig(_Section):
@@ -201,6 +211,9 @@ class Settings(BaseSettings):
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"kimi-k2.5": DEFAULT_MODEL}
     )
+    # NAME:KEY or KEY entries, each key at least 16 characters. Prefer DFLASH_GATEWAY_API_KEYS or
+    # auth.keys_file: --api-key puts the key in the process's command line, readable by any
+    # local user.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     # Sent to workers as ``Authorization: Bearer ...`` (SGLang's --api-key); never the client's key.
     worker_api_key: SecretStr | None = None
@@ -232,6 +245,12 @@ class Settings(BaseSettings):
     @classmethod
     def _csv_list(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        check_keys((key.get_secret_value() for key in keys), "api_keys")
+        return keys
 
     @field_validator("worker_urls")
     @classmethod
