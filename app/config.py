@@ -106,17 +106,39 @@ class LimitsConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     # Request line + headers; more is answered 431 and the connection closed.
     max_header_bytes: int = Field(64 * 1024, ge=1024)
-    # Used when a request sets neither max_tokens nor max_completion_tokens.
-    default_max_tokens: int | None = Field(None, ge=1)
+    # Used when a request sets neither max_tokens nor max_completion_tokens (None: no cap, and
+    # SGLang then generates up to the context length). Kimi-K2.5 thinks before it answers and
+    # the reasoning shares this budget: Moonshot advises at least 16,000 tokens for its
+    # thinking models, so a smaller default would cut answers off (finish_reason "length").
+    default_max_tokens: int | None = Field(16384, ge=1)
     # Requests asking for more are clamped to this value.
     max_tokens_cap: int = Field(32768, ge=1)
     max_messages: int = Field(2048, ge=1)
+    # At most this many choices per request (``n``, ``best_of``) and prompts per batch
+    # completions request; more is a 400.
+    max_n: int = Field(8, ge=1)
+    # Request fields forwarded to workers besides the built-in allow-list (app/proxy/fields.py);
+    # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
+    # Other unknown fields are dropped. Comma-separated in the environment.
+    extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     key_burst: int = Field(20, ge=1)
     key_max_concurrent: int | None = Field(None, ge=1)
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
+
+    @field_validator("extra_fields", mode="before")
+    @classmethod
+    def _fields_csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("extra_fields")
+    @classmethod
+    def _check_fields(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if "rid" in names:
+            raise ValueError("rid is set by the gateway on every upstream request")
+        return names
 
 
 class AuthConfig(_Section):

@@ -314,9 +314,16 @@ class Metrics:
         self.key_completion_tokens = counter(
             "key_completion_tokens", "Completion tokens per API key name", ("key",)
         )
+        self.dropped_fields = counter(
+            "requests_with_dropped_fields",
+            "Requests that held fields not on the allow-list (not forwarded to the worker)",
+            ("route",),
+        )
 
         for outcome in STREAM_OUTCOMES:
             self.stream_outcomes.labels(outcome)
+        for route in ROUTES:
+            self.dropped_fields.labels(route)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
         self._model(OTHER)
@@ -407,6 +414,9 @@ class Metrics:
         self.key_completion_tokens.labels(name)
 
     # -- once per request ---------------------------------------------------------------------
+
+    def record_dropped_fields(self, route: str) -> None:
+        self._child(self.dropped_fields, route).inc()
 
     def record_request(
         self, route: str, model: str, status: int, duration_s: float | None = None
