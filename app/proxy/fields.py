@@ -11,9 +11,19 @@ Denied (a 400 naming the field): SGLang fields that let a client run code on the
 ``limits.extra_fields`` is allowed even when denied here (``lora_path`` on a multi-LoRA fleet).
 
 Anything else is dropped: not forwarded, counted, logged at debug with its name.
+
+The decoders below read a body's top level as raw byte spans (msgspec), typed only where the
+gateway reads a value; ``app.proxy.request`` uses them.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import orjson
 
 COMMON = frozenset(
     {
@@ -92,3 +102,68 @@ DENIED = frozenset(
         "data_parallel_rank",
     }
 )
+
+ABSENT = msgspec.Raw()  # a field not in the body (a present value is never empty)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class Message(msgspec.Struct, gc=False):
+    role: Role = "user"
+    content: msgspec.Raw = ABSENT
+
+
+class StreamOptions(msgspec.Struct, gc=False):
+    include_usage: bool | None = None
+    continuous_usage_stats: msgspec.Raw = ABSENT
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """The decoders for one route and one set of extra fields (built once, then reused)."""
+
+    # Allowed fields only; the ones the gateway reads typed, the rest raw. A body it reads whole
+    # (the common case) is valid as far as the gateway cares, in one pass.
+    typed: msgspec.json.Decoder[Any]
+    # Allowed and denied fields, all raw, skipping any other (those are dropped).
+    spans: msgspec.json.Decoder[Any]
+    names: tuple[str, ...]  # the fields of ``spans``, in order
+    keys: tuple[bytes, ...]  # each name's comma, JSON key and colon, ready to join
+    denied: tuple[str, ...]
+
+
+# What the gateway reads, typed; UNSET tells a field the client left out from one it set to null.
+TYPED: dict[str, tuple[Any, Any]] = {
+    "model": (str | msgspec.UnsetType, msgspec.UNSET),
+    "messages": (list[Message] | msgspec.UnsetType, msgspec.UNSET),
+    "stream": (bool | None, None),
+    "stream_options": (StreamOptions | None | msgspec.UnsetType, msgspec.UNSET),
+    "user": (str | None, None),
+    "max_tokens": (int | None | msgspec.UnsetType, msgspec.UNSET),
+    "max_completion_tokens": (int | None | msgspec.UnsetType, msgspec.UNSET),
+}
+
+
+@functools.cache
+def schema_for(chat: bool, extra: tuple[str, ...]) -> Schema:
+    allowed = sorted((CHAT if chat else COMPLETIONS) | set(extra))
+    denied = tuple(sorted(DENIED - set(allowed)))
+    names = (*allowed, *denied)
+    typed = [(name, *TYPED.get(name, (msgspec.Raw, ABSENT))) for name in allowed]
+    spans = [(name, msgspec.Raw, ABSENT) for name in names]
+    return Schema(
+        typed=msgspec.json.Decoder(msgspec.defstruct("Body", typed, forbid_unknown_fields=True)),
+        spans=msgspec.json.Decoder(msgspec.defstruct("Spans", spans)),
+        names=names,
+        keys=tuple(b"," + orjson.dumps(name) + b":" for name in names),
+        denied=denied,
+    )
+
+
+@functools.cache
+def capped(count: int) -> msgspec.json.Decoder[Any]:
+    """Reads an array of at most ``count`` elements (raw) and stops at element ``count + 1``,
+    before the rest is read: the bound holds before any per-element object exists."""
+    spec = [(f"e{i}", msgspec.Raw, ABSENT) for i in range(count)]
+    capped = msgspec.defstruct("Capped", spec, array_like=True, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(capped)

@@ -18,26 +18,29 @@ The per-attempt ``rid`` is then one byte concatenation.
 from __future__ import annotations
 
 import enum
-import functools
 import itertools
 import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import orjson
 
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
-from app.proxy import fields
+from app.proxy.fields import (
+    ABSENT,
+    ROLES,
+    Message,
+    Schema,
+    StreamOptions,
+    capped,
+    schema_for,
+)
 
 log = logging.getLogger(__name__)
-
-ABSENT = msgspec.Raw()  # a field not in the body (a present value is never empty)
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
 class Route(enum.Enum):
@@ -66,69 +69,8 @@ class ParsedRequest:
         return b"".join((*self._head, b'"rid":"', rid.encode("ascii"), b'"}'))
 
 
-class _Message(msgspec.Struct, gc=False):
-    role: Role = "user"
-    content: msgspec.Raw = ABSENT
-
-
-class _StreamOptions(msgspec.Struct, gc=False):
-    include_usage: bool | None = None
-    continuous_usage_stats: msgspec.Raw = ABSENT
-
-
-@dataclass(frozen=True, slots=True)
-class _Schema:
-    """The decoders for one route and one set of extra fields (built once, then reused)."""
-
-    # Allowed fields only; the ones the gateway reads typed, the rest raw. A body it reads whole
-    # (the common case) is valid as far as the gateway cares, in one pass.
-    typed: msgspec.json.Decoder[Any]
-    # Allowed and denied fields, all raw, skipping any other (those are dropped).
-    spans: msgspec.json.Decoder[Any]
-    names: tuple[str, ...]  # the fields of ``spans``, in order
-    keys: tuple[bytes, ...]  # each name's comma, JSON key and colon, ready to join
-    denied: tuple[str, ...]
-
-
-# What the gateway reads, typed; UNSET tells a field the client left out from one it set to null.
-_TYPED: dict[str, tuple[Any, Any]] = {
-    "model": (str | msgspec.UnsetType, msgspec.UNSET),
-    "messages": (list[_Message] | msgspec.UnsetType, msgspec.UNSET),
-    "stream": (bool | None, None),
-    "stream_options": (_StreamOptions | None | msgspec.UnsetType, msgspec.UNSET),
-    "user": (str | None, None),
-    "max_tokens": (int | None | msgspec.UnsetType, msgspec.UNSET),
-    "max_completion_tokens": (int | None | msgspec.UnsetType, msgspec.UNSET),
-}
-
-
-@functools.cache
-def _schema(route: Route, extra: tuple[str, ...]) -> _Schema:
-    allowed = sorted((fields.CHAT if route is Route.CHAT else fields.COMPLETIONS) | set(extra))
-    denied = tuple(sorted(fields.DENIED - set(allowed)))
-    names = (*allowed, *denied)
-    typed = [(name, *_TYPED.get(name, (msgspec.Raw, ABSENT))) for name in allowed]
-    spans = [(name, msgspec.Raw, ABSENT) for name in names]
-    return _Schema(
-        typed=msgspec.json.Decoder(msgspec.defstruct("Body", typed, forbid_unknown_fields=True)),
-        spans=msgspec.json.Decoder(msgspec.defstruct("Spans", spans)),
-        names=names,
-        keys=tuple(b"," + orjson.dumps(name) + b":" for name in names),
-        denied=denied,
-    )
-
-
-@functools.cache
-def _capped(count: int) -> msgspec.json.Decoder[Any]:
-    """Reads an array of at most ``count`` elements (raw) and stops at element ``count + 1``,
-    before the rest is read: the bound holds before any per-element object exists."""
-    spec = [(f"e{i}", msgspec.Raw, ABSENT) for i in range(count)]
-    capped = msgspec.defstruct("Capped", spec, array_like=True, forbid_unknown_fields=True)
-    return msgspec.json.Decoder(capped)
-
-
 _INT = msgspec.json.Decoder(int)
-_MESSAGES = msgspec.json.Decoder(list[_Message])
+_MESSAGES = msgspec.json.Decoder(list[Message])
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _MISSING = (msgspec.UNSET, ABSENT)  # compared by identity: defaults are never copies
 _UNKNOWN = "Object contains unknown field `"
@@ -144,7 +86,7 @@ def parse_request(
     raw: bytes, route: Route, *, limits: LimitsConfig, aliases: Mapping[str, str]
 ) -> ParsedRequest:
     """Validate the fields the gateway depends on; raise ``InvalidRequest`` (400) otherwise."""
-    schema = _schema(route, limits.extra_fields)
+    schema = schema_for(route is Route.CHAT, limits.extra_fields)
     limit = limits.max_messages
     # Every message is an object (3 bytes or more with its comma), so a short body, or one with
     # fewer braces than the limit, has few enough messages; any other has them counted first,
@@ -262,12 +204,12 @@ def _invalid(message: str) -> InvalidRequest:
 def _count_messages(value: msgspec.Raw, limit: int) -> None:
     if value and memoryview(value)[0] == ord("["):
         try:
-            _capped(limit).decode(value)
+            capped(limit).decode(value)
         except msgspec.ValidationError:
             raise _fail(f"messages: at most {limit} messages", "messages") from None
 
 
-def _check_messages(messages: list[_Message] | msgspec.UnsetType) -> tuple[memoryview | bytes, ...]:
+def _check_messages(messages: list[Message] | msgspec.UnsetType) -> tuple[memoryview | bytes, ...]:
     """Each message an object; a role, if given, a known one (checked while decoding); content a
     string, an array or null (what an SGLang worker would refuse with a 400 anyway, refused
     without a round trip). Returns the leading conversation for the routing key."""
@@ -283,7 +225,7 @@ def _check_messages(messages: list[_Message] | msgspec.UnsetType) -> tuple[memor
     return _leading(messages)
 
 
-def _leading(messages: list[_Message]) -> tuple[memoryview | bytes, ...]:
+def _leading(messages: list[Message]) -> tuple[memoryview | bytes, ...]:
     """Role and raw content of each message up to the first user turn."""
     head: list[memoryview | bytes] = []
     for message in messages:
@@ -304,7 +246,7 @@ def _check_prompt(value: msgspec.Raw, max_batch: int) -> tuple[memoryview | byte
         if _is_token_ids(view):
             return ()
         try:
-            batch = _capped(max_batch).decode(value)
+            batch = capped(max_batch).decode(value)
         except msgspec.ValidationError:
             message = f"prompt: at most {max_batch} prompts in one request"
             raise _fail(message, "prompt") from None
@@ -327,7 +269,7 @@ def _is_token_ids(view: memoryview) -> bool:
     )
 
 
-def _usage_options(options: _StreamOptions | None) -> bytes:
+def _usage_options(options: StreamOptions | None) -> bytes:
     """The client's stream options (the ones SGLang knows) with ``include_usage`` on."""
     if options is None or not options.continuous_usage_stats:
         return b'{"include_usage":true}'
@@ -373,7 +315,7 @@ def _choices(body: Any, route: Route, max_n: int) -> int:
 
 
 def _head(
-    raw: bytes, body: Any, spans: Any, schema: _Schema, patch: dict[str, bytes]
+    raw: bytes, body: Any, spans: Any, schema: Schema, patch: dict[str, bytes]
 ) -> tuple[memoryview | bytes, ...]:
     """Upstream body up to where ``"rid":"..."}`` goes (ends with ``{`` or ``,``)."""
     tail = b"".join([b'"%s":%s,' % (name.encode(), value) for name, value in patch.items()])
@@ -405,7 +347,7 @@ def _items(body: dict[str, msgspec.Raw], skip: Mapping[str, bytes]) -> list[Any]
     return parts
 
 
-def _spans(spans: Any, schema: _Schema, skip: Mapping[str, bytes]) -> list[Any]:
+def _spans(spans: Any, schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:
     """``,"name":value`` for each field present in ``spans`` and not in ``skip``."""
     parts: list[Any] = []
     values = msgspec.structs.astuple(spans)
