@@ -91,9 +91,9 @@ def test_one_8_mib_body_of_small_objects_costs_at_most_three_times_its_size(
 ) -> None:
     """Held in flight at the worker, a request whose body is 8 MiB of small objects (content
     parts) raises the gateway's peak RSS by about 3x the body, not by the ~140 MiB its objects
-    took when the whole body was decoded. The three copies: the client's bytes (kept for a retry), the attempt's body, and
-    the request the upstream client writes (head and body joined); 2 MiB of slack is for the
-    allocator and socket buffers."""
+    took when the whole body was decoded. The three copies: the client's bytes (kept for a
+    retry), the attempt's body, and the request the upstream client writes (head and body
+    joined); 2 MiB of slack is for the allocator and socket buffers."""
     part = b'{"type":"text","text":"a"},'
     parts = (8 * 1024 * 1024 - 200) // len(part)
     content = b"[" + part * parts + b'{"type":"text","text":"a"}]'
