@@ -99,16 +99,11 @@ def parse_request(
     except _Unknown as exc:
         dropped = exc.name
         log.debug("request field %r (and maybe others) dropped: not on the allow-list", dropped)
-        spans = _decode(schema.spans, raw)
-        for name in schema.denied:
-            if getattr(spans, name):
-                raise _fail(f"{name}: not accepted by this gateway", name) from None
-        # The allowed fields alone, checked as above; this copy lives only while parsing (what
-        # is kept below points into ``raw``).
-        kept = _spans(spans, schema, {})
-        if kept:
-            kept[0] = b"{" + kept[0][1:]
-        body = _decode(schema.typed, b"".join(kept) + b"}" if kept else b"{}")
+        spans, body = _reread(raw, schema)
+    except InvalidRequest:
+        # Maybe a repeated key whose earlier value is bad: the last one counts (as for the
+        # worker), so read again from the last values.
+        spans, body = _reread(raw, schema)
 
     model = body.model
     if not isinstance(model, str) or not model:
@@ -150,6 +145,20 @@ def parse_request(
         dropped=dropped,
         _head=_head(raw, body, spans, schema, patch),
     )
+
+
+def _reread(raw: bytes, schema: Schema) -> tuple[Any, Any]:
+    """The body's fields as raw spans (a denied one is a 400 naming it), and the allowed ones,
+    each once, read as ``schema.typed`` reads a body. The copy of the allowed fields lives only
+    while parsing: what the request keeps points into ``raw``."""
+    spans = _decode(schema.spans, raw)
+    for name in schema.denied:
+        if getattr(spans, name):
+            raise _fail(f"{name}: not accepted by this gateway", name)
+    kept = _spans(spans, schema, {})
+    if kept:
+        kept[0] = b"{" + kept[0][1:]
+    return spans, _decode(schema.typed, b"".join(kept) + b"}" if kept else b"{}")
 
 
 class _Unknown(Exception):
@@ -288,6 +297,8 @@ def _patch_max_tokens(
             continue
         if value < 1:
             raise _fail(f"{name}: must be a positive integer", name)
+        if value >= 2**63:
+            raise _fail(f"{name}: must be a positive integer below 2^63", name)
         present = True
         if value > limits.max_tokens_cap:
             patch[name] = b"%d" % limits.max_tokens_cap

@@ -257,3 +257,16 @@ def test_many_small_objects_cost_about_the_body_size(raw: bytes) -> None:
 def test_token_id_prompt_costs_about_its_size() -> None:
     raw = b'{"model":"m","prompt":[' + b"151643," * 1_200_000 + b"1]}"
     assert _peak(raw, Route.COMPLETIONS) <= 2 * len(raw)
+
+
+def test_a_repeated_key_counts_by_its_last_value_as_for_the_worker() -> None:
+    req = parse(b'{"model":1,"model":"kimi-k2.5","messages":[{}],"stream":"x","stream":false}')
+    body = req.upstream_body(RID)
+    assert req.served_model == "moonshotai/Kimi-K2.5" and not req.stream
+    assert body.count(b'"model"') == 1 and body.count(b'"stream"') == 1
+    assert orjson.loads(body)["model"] == "moonshotai/Kimi-K2.5"
+
+
+def test_max_tokens_beyond_64_bits_is_refused() -> None:
+    err = refused(b'{"model":"m","messages":[{}],"max_tokens":1' + b"0" * 30 + b"}")
+    assert err.param == "max_tokens"
