@@ -129,6 +129,7 @@ class Schema:
     spans: msgspec.json.Decoder[Any]
     names: tuple[str, ...]  # the fields of ``spans``, in order
     keys: tuple[bytes, ...]  # each name's comma, JSON key and colon, ready to join
+    key_of: dict[str, bytes]  # the same by name
     denied: tuple[str, ...]
 
 
@@ -156,6 +157,7 @@ def schema_for(chat: bool, extra: tuple[str, ...]) -> Schema:
         spans=msgspec.json.Decoder(msgspec.defstruct("Spans", spans)),
         names=names,
         keys=tuple(b"," + orjson.dumps(name) + b":" for name in names),
+        key_of={name: b"," + orjson.dumps(name) + b":" for name in names},
         denied=denied,
     )
 

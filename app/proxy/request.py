@@ -48,8 +48,10 @@ class Route(enum.Enum):
     COMPLETIONS = "/v1/completions"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedRequest:
+    """A checked request (read-only by convention: built once per request, on the hot path)."""
+
     route: Route
     model: str  # what the client asked for (maybe an alias)
     served_model: str  # what the workers serve
@@ -58,8 +60,9 @@ class ParsedRequest:
     client_wants_meta_info: bool  # the client itself set return_meta_info
     choices: int  # ``n``: choices generated in parallel
     user: str | None  # the ``user`` field (a routing key)
-    # The leading conversation (system prompt + first user turn) as raw spans, for the routing key.
-    conversation: tuple[memoryview | bytes, ...]
+    # The leading conversation (system prompt + first user turn) as raw spans (bytes-like), for
+    # the routing key.
+    conversation: tuple[Any, ...]
     dropped: str | None  # the first field dropped from the body, if any
     # Everything of the upstream body except the closing ``"rid":"..."}``.
     _head: tuple[memoryview | bytes, ...]
@@ -72,7 +75,6 @@ class ParsedRequest:
 _INT = msgspec.json.Decoder(int)
 _MESSAGES = msgspec.json.Decoder(list[Message])
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_MISSING = (msgspec.UNSET, ABSENT)  # compared by identity: defaults are never copies
 _UNKNOWN = "Object contains unknown field `"
 _AT = re.compile(r" - at `\$\.(\w+)(?:\[(\d+)\])?(?:\.(\w+))?`$")
 _TOKEN_IDS = re.compile(rb"\[[0-9,\s-]*\]")
@@ -218,7 +220,7 @@ def _count_messages(value: msgspec.Raw, limit: int) -> None:
             raise _fail(f"messages: at most {limit} messages", "messages") from None
 
 
-def _check_messages(messages: list[Message] | msgspec.UnsetType) -> tuple[memoryview | bytes, ...]:
+def _check_messages(messages: list[Message] | msgspec.UnsetType) -> tuple[Any, ...]:
     """Each message an object; a role, if given, a known one (checked while decoding); content a
     string, an array or null (what an SGLang worker would refuse with a 400 anyway, refused
     without a round trip). Returns the leading conversation for the routing key."""
@@ -234,14 +236,17 @@ def _check_messages(messages: list[Message] | msgspec.UnsetType) -> tuple[memory
     return _leading(messages)
 
 
-def _leading(messages: list[Message]) -> tuple[memoryview | bytes, ...]:
-    """Role and raw content of each message up to the first user turn."""
-    head: list[memoryview | bytes] = []
+def _leading(messages: list[Message]) -> tuple[Any, ...]:
+    """Role and raw content (bytes-like) of each message up to the first user turn."""
+    head: list[Any] = []
     for message in messages:
-        head += (message.role.encode(), memoryview(message.content))
+        head += (_ROLE_BYTES[message.role], message.content)
         if message.role == "user":
             break
     return tuple(head)
+
+
+_ROLE_BYTES = {role: role.encode() for role in ROLES}
 
 
 def _check_prompt(value: msgspec.Raw, max_batch: int) -> tuple[memoryview | bytes, ...]:
@@ -330,9 +335,9 @@ def _head(
 ) -> tuple[memoryview | bytes, ...]:
     """Upstream body up to where ``"rid":"..."}`` goes (ends with ``{`` or ``,``)."""
     tail = b"".join([b'"%s":%s,' % (name.encode(), value) for name, value in patch.items()])
-    if spans is None and all(getattr(body, name) in _MISSING for name in patch):
+    if spans is None and all(_missing(getattr(body, name)) for name in patch):
         # Common case: the client's bytes, untouched, with the new fields appended.
-        end = raw.rfind(b"}")
+        end = len(raw) - 1 if raw[-1] == 125 else raw.rfind(b"}")  # 125: "}"
         while raw[end - 1] in b" \t\r\n":
             end -= 1
         separator = b"" if raw[end - 1] == ord("{") else b","
@@ -340,7 +345,7 @@ def _head(
     # The client's fields as it wrote them (those the gateway keeps), then the gateway's own.
     # Every key of a body ``schema.typed`` read is an allowed name: a dict of them stays small
     # (a repeated key replaces its value).
-    parts = _spans(spans, schema, patch) if spans else _items(_FIELDS.decode(raw), patch)
+    parts = _spans(spans, schema, patch) if spans else _items(_FIELDS.decode(raw), schema, patch)
     if parts:
         parts[0] = b"{" + parts[0][1:]  # the first key, without its comma
         parts.append(b",")
@@ -350,12 +355,19 @@ def _head(
     return tuple(parts)
 
 
-def _items(body: dict[str, msgspec.Raw], skip: Mapping[str, bytes]) -> list[Any]:
+def _items(body: dict[str, msgspec.Raw], schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:
+    """``,"name":value`` for each field of ``body`` (all allowed names) not in ``skip``."""
+    key_of = schema.key_of
     parts: list[Any] = []
     for name, value in body.items():
         if name not in skip:
-            parts += (b',"%s":' % name.encode(), value)
+            parts += (key_of[name], value)
     return parts
+
+
+def _missing(value: Any) -> bool:
+    """A field the client left out (defaults are never copies: identity tells)."""
+    return value is msgspec.UNSET or value is ABSENT
 
 
 def _spans(spans: Any, schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:

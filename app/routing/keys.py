@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 SESSION_HEADER = "x-session-id"
 _MAX_KEY_CHARS = 256
@@ -21,7 +21,7 @@ class Routable(Protocol):
     def user(self) -> str | None: ...
 
     @property
-    def conversation(self) -> Sequence[bytes | memoryview]: ...
+    def conversation(self) -> Sequence[Any]: ...  # bytes-like parts
 
 
 def routing_key(request: Routable, session: str | None = None) -> str | None:

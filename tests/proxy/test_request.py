@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import tracemalloc
 from typing import Any
 
@@ -135,6 +136,12 @@ def test_denied_fields_are_refused_by_name(name: str) -> None:
 def test_custom_logit_processor_is_refused_on_completions_too() -> None:
     raw = b'{"model":"m","prompt":"x","custom_logit_processor":"{\\"callable\\": \\"...\\"}"}'
     assert refused(raw, Route.COMPLETIONS).param == "custom_logit_processor"
+
+
+def test_a_dropped_field_is_logged_at_debug_by_name(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="app.proxy.request"):
+        parse(b'{"model":"m","messages":[{}],"frobnicate":1}')
+    assert "'frobnicate'" in caplog.text and "dropped" in caplog.text
 
 
 def test_unknown_fields_are_dropped_and_known_ones_kept() -> None:
