@@ -113,10 +113,11 @@ class LimitsConfig(_Section):
     default_max_tokens: int | None = Field(16384, ge=1)
     # Requests asking for more are clamped to this value.
     max_tokens_cap: int = Field(32768, ge=1)
-    max_messages: int = Field(2048, ge=1)
+    # A longer array is refused before its messages are read (a check that grows with this).
+    max_messages: int = Field(2048, ge=1, le=16384)
     # At most this many choices per request (``n``, ``best_of``) and prompts per batch
     # completions request; more is a 400.
-    max_n: int = Field(8, ge=1)
+    max_n: int = Field(8, ge=1, le=256)
     # Request fields forwarded to workers besides the built-in allow-list (app/proxy/fields.py);
     # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
     # Other unknown fields are dropped. Comma-separated in the environment.
