@@ -121,3 +121,11 @@ def test_missing_or_bad_config_file(tmp_path: Path) -> None:
 def test_dns_discovery_requires_a_name() -> None:
     with pytest.raises(ConfigError, match="dns_name"):
         load_settings(discovery={"mode": "dns"})
+
+
+def test_extra_fields_are_comma_separated_and_never_rid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DFLASH_GATEWAY_LIMITS__EXTRA_FIELDS", "lora_path, return_text_in_logprobs")
+    assert load_settings().limits.extra_fields == ("lora_path", "return_text_in_logprobs")
+    monkeypatch.setenv("DFLASH_GATEWAY_LIMITS__EXTRA_FIELDS", "rid")
+    with pytest.raises(ConfigError, match="rid is set by the gateway"):
+        load_settings()

@@ -1,12 +1,13 @@
 """The few request fields the gateway reads, and the body it sends upstream.
 
 The body is never turned into Python objects as a whole: one msgspec pass reads the top level
-into a struct of raw byte spans (the fields of ``app.proxy.fields``; nested values are checked
-for syntax and skipped), and only the fields the gateway needs are decoded: ``model``,
-``stream``, ``stream_options``, ``max_tokens``, ``n``, ``user``, and each message's role with
-its content kept raw (the routing key hashes the leading conversation's raw spans). Element
-counts are bounded before any per-element object exists, so a body of many small objects costs
-about its own size, not tens of times it.
+(the allowed fields of ``app.proxy.fields``) with only the values the gateway needs decoded --
+``model``, ``stream``, ``stream_options``, ``max_tokens``, ``user``, each message's role -- and
+every other value kept as its raw byte span, checked for syntax but not materialised (message
+contents too: the routing key hashes the leading conversation's raw spans). Element counts are
+bounded before any per-element object exists, so a body of many small objects costs about its
+own size, not tens of times it. A body with a field off the allow-list is read again as spans:
+a denied field is a 400 naming it, any other is dropped.
 
 Upstream the gateway sends the client's ORIGINAL bytes with the fields it must set appended
 before the closing brace (``rid`` always; ``max_tokens``/``stream_options``/``return_meta_info``
@@ -100,7 +101,7 @@ def parse_request(
         body = _decode(schema.typed, raw)
     except _Unknown as exc:
         dropped = exc.name
-        log.debug("request field %r (and maybe others) dropped: not on the allow-list", dropped)
+        log.debug("request field %r (maybe others) dropped: not on the allow-list", dropped[:100])
         spans, body = _reread(raw, schema)
     except InvalidRequest:
         # Maybe a repeated key whose earlier value is bad: the last one counts (as for the
