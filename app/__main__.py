@@ -58,7 +58,15 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         dest="api_keys",
         action="append",
         metavar="KEY",
-        help="accept this client API key (repeatable); none configured = open",
+        help="accept this client API key, NAME:KEY or KEY (repeatable); none configured = open. "
+        "Visible to every local user in the process list: prefer --api-key-file or "
+        "DFLASH_GATEWAY_API_KEYS",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        help="accept the keys in this file, one NAME:KEY per line, re-read when it changes "
+        "(auth.keys_file)",
     )
     p.add_argument("--config", dest="config_file", metavar="FILE", help="YAML or TOML settings")
 
@@ -124,8 +132,15 @@ def _serve(args: argparse.Namespace) -> int:
         policy=args.policy,
         processes=args.processes,
         api_keys=args.api_keys,
+        auth={"keys_file": args.api_key_file} if args.api_key_file else None,
         config_file=args.config_file,
     )
+    if args.api_keys:
+        print(
+            "dflash-gateway: warning: --api-key puts keys on the command line, readable in /proc "
+            "by any local user; use --api-key-file or DFLASH_GATEWAY_API_KEYS instead",
+            file=sys.stderr,
+        )
     if settings.processes == 1:
         os.environ.pop(MULTIPROC_ENV, None)
         return _run_serve(settings, None)

@@ -28,6 +28,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from app.auth import check_keys, read_keys_file
+
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 
@@ -112,11 +114,22 @@ class LimitsConfig(_Section):
     # plus the admission queue, plus idle kept-alive connections from load balancers and client
     # pools), and well inside the usual 65536 open-file limit.
     max_connections: int = Field(4096, ge=1)
-    # Used when a request sets neither max_tokens nor max_completion_tokens.
-    default_max_tokens: int | None = Field(None, ge=1)
+    # Used when a request sets neither max_tokens nor max_completion_tokens (None: no cap, and
+    # SGLang then generates up to the context length). Kimi-K2.5 thinks before it answers and
+    # the reasoning shares this budget: Moonshot advises at least 16,000 tokens for its
+    # thinking models, so a smaller default would cut answers off (finish_reason "length").
+    default_max_tokens: int | None = Field(16384, ge=1)
     # Requests asking for more are clamped to this value.
     max_tokens_cap: int = Field(32768, ge=1)
-    max_messages: int = Field(2048, ge=1)
+    # A longer array is refused before its messages are read (a check that grows with this).
+    max_messages: int = Field(2048, ge=1, le=16384)
+    # At most this many choices per request (``n``, ``best_of``) and prompts per batch
+    # completions request; more is a 400.
+    max_n: int = Field(8, ge=1, le=256)
+    # Request fields forwarded to workers besides the built-in allow-list (app/proxy/fields.py);
+    # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
+    # Other unknown fields are dropped. Comma-separated in the environment.
+    extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     key_burst: int = Field(20, ge=1)
@@ -124,13 +137,33 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
+    @field_validator("extra_fields", mode="before")
+    @classmethod
+    def _fields_csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("extra_fields")
+    @classmethod
+    def _check_fields(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if "rid" in names:
+            raise ValueError("rid is set by the gateway on every upstream request")
+        return names
+
 
 class AuthConfig(_Section):
-    # A file of NAME:KEY lines (e.g. a mounted Secret), re-read every reload_s.
+    # A file of NAME:KEY lines (e.g. a mounted Secret), re-read every reload_s (``--api-key-file``).
+    # Every key at least 16 characters; a bad line stops start-up (a reload keeps the last set).
     keys_file: Path | None = None
     reload_s: float = Field(10.0, gt=0)
     # Probes and scrapers need no key; set to require one on /metrics and /workers too.
     protect_ops: bool = False
+
+    @field_validator("keys_file")
+    @classmethod
+    def _check_keys_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            read_keys_file(path)  # an unreadable file is only warned about (it may appear later)
+        return path
 
 
 class DiscoveryConfig(_Section):
@@ -209,6 +242,9 @@ class Settings(BaseSettings):
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"kimi-k2.5": DEFAULT_MODEL}
     )
+    # NAME:KEY or KEY entries, each key at least 16 characters. Prefer DFLASH_GATEWAY_API_KEYS or
+    # auth.keys_file: --api-key puts the key in the process's command line, readable by any
+    # local user.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     # Sent to workers as ``Authorization: Bearer ...`` (SGLang's --api-key); never the client's key.
     worker_api_key: SecretStr | None = None
@@ -243,6 +279,12 @@ class Settings(BaseSettings):
     @classmethod
     def _csv_list(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        check_keys((key.get_secret_value() for key in keys), "api_keys")
+        return keys
 
     @field_validator("worker_urls")
     @classmethod

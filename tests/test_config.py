@@ -27,11 +27,16 @@ def test_defaults_select_the_embedded_default() -> None:
 
 def test_env_lists_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DFLASH_GATEWAY_WORKER_URLS", "http://a:30000/, http://b:30000")
-    monkeypatch.setenv("DFLASH_GATEWAY_API_KEYS", "k1,k2")
+    monkeypatch.setenv(
+        "DFLASH_GATEWAY_API_KEYS", "sk-one-0123456789abcdef, sk-two-0123456789abcdef"
+    )
     monkeypatch.setenv("DFLASH_GATEWAY_MODEL_ALIASES", "kimi=moonshotai/Kimi-K2.5,k2=x/y")
     s = load_settings()
     assert s.worker_urls == ["http://a:30000", "http://b:30000"]
-    assert [k.get_secret_value() for k in s.api_keys] == ["k1", "k2"]
+    assert [k.get_secret_value() for k in s.api_keys] == [
+        "sk-one-0123456789abcdef",
+        "sk-two-0123456789abcdef",
+    ]
     assert s.model_aliases == {"kimi": "moonshotai/Kimi-K2.5", "k2": "x/y"}
     assert not s.embedded_default
 
@@ -116,3 +121,11 @@ def test_missing_or_bad_config_file(tmp_path: Path) -> None:
 def test_dns_discovery_requires_a_name() -> None:
     with pytest.raises(ConfigError, match="dns_name"):
         load_settings(discovery={"mode": "dns"})
+
+
+def test_extra_fields_are_comma_separated_and_never_rid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DFLASH_GATEWAY_LIMITS__EXTRA_FIELDS", "lora_path, return_text_in_logprobs")
+    assert load_settings().limits.extra_fields == ("lora_path", "return_text_in_logprobs")
+    monkeypatch.setenv("DFLASH_GATEWAY_LIMITS__EXTRA_FIELDS", "rid")
+    with pytest.raises(ConfigError, match="rid is set by the gateway"):
+        load_settings()

@@ -1,9 +1,9 @@
 """The public endpoints' OpenAPI document (``GET /openapi.json``), for clients and fuzzers.
 
-The handlers read request bodies themselves (``app.proxy.request``: one orjson parse, unknown fields
-passed through), so these models only DOCUMENT the bodies; FastAPI never validates with them. They
-describe what the gateway itself checks, and allow every other field (``additionalProperties``),
-as the workers accept OpenAI's and SGLang's full parameter sets.
+The handlers read request bodies themselves (``app.proxy.request``), so these models only
+DOCUMENT the bodies; FastAPI never validates with them. They describe what the gateway itself
+checks, and allow other fields (``additionalProperties``): those on the allow-list of
+``app.proxy.fields`` reach the workers, denied ones are a 400, the rest are dropped.
 """
 
 from __future__ import annotations

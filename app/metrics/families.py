@@ -201,3 +201,8 @@ class Families:
         self.key_completion_tokens = counter(
             "key_completion_tokens", "Completion tokens per API key name", ("key",)
         )
+        self.dropped_fields = counter(
+            "requests_with_dropped_fields",
+            "Requests that held fields not on the allow-list (not forwarded to the worker)",
+            ("route",),
+        )

@@ -106,6 +106,8 @@ class Metrics(Families):
 
         for outcome in STREAM_OUTCOMES:
             self.stream_outcomes.labels(outcome)
+        for route in ROUTES:
+            self.dropped_fields.labels(route)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
         self._model(OTHER)
@@ -193,6 +195,9 @@ class Metrics(Families):
         self.key_completion_tokens.labels(name)
 
     # -- once per request ---------------------------------------------------------------------
+
+    def record_dropped_fields(self, route: str) -> None:
+        self._child(self.dropped_fields, route).inc()
 
     def record_request(
         self, route: str, model: str, status: int, duration_s: float | None = None

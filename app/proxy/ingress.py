@@ -84,8 +84,10 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
     session = read.get(_SESSION)
     ctx = RoutingContext(
         parsed.served_model,
-        routing_key(parsed.body, session.decode("latin-1") if session else None),
+        routing_key(parsed, session.decode("latin-1") if session else None),
     )
+    if parsed.dropped is not None:
+        gw.metrics.record_dropped_fields(route.value)
     record = AccessRecord(request_id, route.value, parsed.served_model, parsed.stream, key=key)
     job = Job(parsed, forwarded, request_id, ctx, record, started)
     try:

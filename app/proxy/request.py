@@ -1,24 +1,47 @@
 """The few request fields the gateway reads, and the body it sends upstream.
 
-The client's JSON is parsed once (orjson) and the handful of fields the gateway needs are checked
-by hand: no pydantic model per request, unknown fields pass through untouched. Upstream the
-gateway sends the client's ORIGINAL bytes with the fields it must set appended before the closing
-brace (``rid`` always; ``max_tokens``/``stream_options``/``return_meta_info`` when it has to). Only
-when the client's body already holds one of those keys (or a model alias must be resolved) is the
-body re-serialised, once per request. The per-attempt ``rid`` is then a cheap byte concatenation.
+The body is never turned into Python objects as a whole: one msgspec pass reads the top level
+(the allowed fields of ``app.proxy.fields``) with only the values the gateway needs decoded --
+``model``, ``stream``, ``stream_options``, ``max_tokens``, ``user``, each message's role -- and
+every other value kept as its raw byte span, checked for syntax but not materialised (message
+contents too: the routing key hashes the leading conversation's raw spans). Element counts are
+bounded before any per-element object exists, so a body of many small objects costs about its
+own size, not tens of times it. A body with a field off the allow-list is read again as spans:
+a denied field is a 400 naming it, any other is dropped.
+
+Upstream the gateway sends the client's ORIGINAL bytes with the fields it must set appended
+before the closing brace (``rid`` always; ``max_tokens``/``stream_options``/``return_meta_info``
+when it has to). When the body held a field the gateway drops or replaces, the upstream body is
+the raw spans of the kept fields joined with the gateway's own: no re-serialisation either way.
+The per-attempt ``rid`` is then one byte concatenation.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.proxy.fields import (
+    ABSENT,
+    ROLES,
+    Message,
+    Schema,
+    StreamOptions,
+    capped,
+    schema_for,
+)
+
+log = logging.getLogger(__name__)
 
 
 class Route(enum.Enum):
@@ -26,167 +49,333 @@ class Route(enum.Enum):
     COMPLETIONS = "/v1/completions"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedRequest:
+    """A checked request (read-only by convention: built once per request, on the hot path)."""
+
     route: Route
-    body: Mapping[str, Any]  # the parsed client body (read-only by convention)
     model: str  # what the client asked for (maybe an alias)
     served_model: str  # what the workers serve
     stream: bool
     client_wants_usage: bool  # the client itself set stream_options.include_usage
     client_wants_meta_info: bool  # the client itself set return_meta_info
     choices: int  # ``n``: choices generated in parallel
-    # Everything of the upstream body except the closing ``,"rid":"..."}``.
-    _prefix: bytes
+    user: str | None  # the ``user`` field (a routing key)
+    # The leading conversation (system prompt + first user turn) as raw spans (bytes-like), for
+    # the routing key.
+    conversation: tuple[Any, ...]
+    dropped: str | None  # the first field dropped from the body, if any
+    # Everything of the upstream body except the closing ``"rid":"..."}``.
+    _head: tuple[memoryview | bytes, ...]
 
     def upstream_body(self, rid: str) -> bytes:
         """The body for one upstream attempt with its own ``rid`` (32 hex chars)."""
-        return self._prefix + b'"rid":"' + rid.encode("ascii") + b'"}'
+        return b"".join((*self._head, b'"rid":"', rid.encode("ascii"), b'"}'))
+
+
+_INT = msgspec.json.Decoder(int)
+_MESSAGES = msgspec.json.Decoder(list[Message])
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_UNKNOWN = "Object contains unknown field `"
+_AT = re.compile(r" - at `\$\.(\w+)(?:\[(\d+)\])?(?:\.(\w+))?`$")
+_TOKEN_IDS = re.compile(rb"\[[0-9,\s-]*\]")
 
 
 def _fail(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def parse_request(
     raw: bytes, route: Route, *, limits: LimitsConfig, aliases: Mapping[str, str]
 ) -> ParsedRequest:
     """Validate the fields the gateway depends on; raise ``InvalidRequest`` (400) otherwise."""
+    schema = schema_for(route is Route.CHAT, limits.extra_fields)
+    limit = limits.max_messages
+    # Every message is an object (3 bytes or more with its comma), so a short body, or one with
+    # fewer braces than the limit, has few enough messages; any other has them counted first,
+    # before they become objects.
+    if route is Route.CHAT and len(raw) > 3 * limit and raw.count(b"{") > limit:
+        _count_messages(_decode(schema.spans, raw).messages, limit)
+    dropped = spans = None
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise _fail("request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise _fail("request body must be a JSON object")
+        body = _decode(schema.typed, raw)
+    except _Unknown as exc:
+        dropped = exc.name
+        log.debug("request field %r (maybe others) dropped: not on the allow-list", dropped[:100])
+        spans, body = _reread(raw, schema)
+    except InvalidRequest:
+        # Maybe a repeated key whose earlier value is bad: the last one counts (as for the
+        # worker), so read again from the last values.
+        spans, body = _reread(raw, schema)
 
-    model = body.get("model")
+    model = body.model
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
     if route is Route.CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _fail("messages: a non-empty array is required", "messages")
-        if len(messages) > limits.max_messages:
-            raise _fail(f"messages: at most {limits.max_messages} messages", "messages")
-        _check_messages(messages)
+        conversation = _check_messages(body.messages)
+        if spans is not None:
+            conversation = _leading(_MESSAGES.decode(spans.messages))
     else:
-        _check_prompt(body.get("prompt"))
+        conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)
+    stream = bool(body.stream)
+    options = body.stream_options or None
+    client_wants_usage = options is not None and options.include_usage is True
 
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise _fail("stream: must be a boolean", "stream")
-    stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise _fail("stream_options: must be an object", "stream_options")
-    if stream_options and not isinstance(stream_options.get("include_usage", False), bool | None):
-        raise _fail("stream_options.include_usage: must be a boolean", "stream_options")
-    client_wants_usage = bool(stream_options and stream_options.get("include_usage") is True)
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise _fail("user: must be a string", "user")
-
-    patch: dict[str, Any] = {}
+    patch: dict[str, bytes] = {}
     served = aliases.get(model, model)
     if served != model:
-        patch["model"] = served
+        patch["model"] = orjson.dumps(served)
     _patch_max_tokens(body, route, limits, patch)
     if stream and not client_wants_usage:
         # Forced so the gateway always sees token counts; the chunk is dropped on the way back.
-        patch["stream_options"] = {**(stream_options or {}), "include_usage": True}
-    client_wants_meta_info = body.get("return_meta_info") is True
+        patch["stream_options"] = _usage_options(options)
+    client_wants_meta_info = bytes(body.return_meta_info) == b"true"
     if route is Route.CHAT and not stream and not client_wants_meta_info:
         # The exact acceptance length (meta_info.spec_verify_ct); stripped from the response.
         # SGLang refuses return_meta_info on streams, and text completions have no such field.
-        patch["return_meta_info"] = True
-    n = body.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+        patch["return_meta_info"] = b"true"
 
     return ParsedRequest(
         route=route,
-        body=body,
         model=model,
         served_model=served,
         stream=stream,
         client_wants_usage=client_wants_usage,
         client_wants_meta_info=client_wants_meta_info,
-        choices=choices,
-        _prefix=_prefix(raw, body, patch),
+        choices=_choices(body, route, limits.max_n),
+        user=body.user,
+        conversation=conversation,
+        dropped=dropped,
+        _head=_head(raw, body, spans, schema, patch),
     )
 
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+def _reread(raw: bytes, schema: Schema) -> tuple[Any, Any]:
+    """The body's fields as raw spans (a denied one is a 400 naming it), and the allowed ones,
+    each once, read as ``schema.typed`` reads a body. The copy of the allowed fields lives only
+    while parsing: what the request keeps points into ``raw``."""
+    spans = _decode(schema.spans, raw)
+    for name in schema.denied:
+        if getattr(spans, name):
+            raise _fail(f"{name}: not accepted by this gateway", name)
+    kept = _spans(spans, schema, {})
+    if kept:
+        kept[0] = b"{" + kept[0][1:]
+    return spans, _decode(schema.typed, b"".join(kept) + b"}" if kept else b"{}")
 
 
-def _check_messages(messages: list[Any]) -> None:
-    """Each message an object; a role, if given, a known one; content a string, an array or
-    null (what an SGLang worker would refuse with a 400 anyway, refused without a round trip)."""
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _fail("messages: every message must be an object", "messages")
-        role = message.get("role", "user")
-        if not isinstance(role, str) or role not in ROLES:
+class _Unknown(Exception):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], raw: bytes) -> Any:
+    """``decoder.decode(raw)``, its errors as the 400s clients see (``_Unknown`` for a field
+    ``decoder`` does not know)."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        if message.startswith(_UNKNOWN):
+            raise _Unknown(message.split("`")[1]) from None
+        raise _invalid(message) from None
+    except msgspec.DecodeError:
+        raise _fail("request body is not valid JSON") from None
+    except RecursionError:
+        raise _fail("request body is nested too deeply") from None
+
+
+def _invalid(message: str) -> InvalidRequest:
+    """The 400 for msgspec's account of a typed field that did not match."""
+    found = _AT.search(message)
+    if found is None:
+        return _fail("request body must be a JSON object")
+    name, index, sub = found.groups()
+    if name == "messages":
+        if index is None:
+            return _fail("messages: a non-empty array is required", "messages")
+        if sub == "role":
             allowed = ", ".join(sorted(ROLES))
-            raise _fail(f"messages[{i}].role: must be one of {allowed}", f"messages.{i}.role")
-        content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
+            return _fail(
+                f"messages[{index}].role: must be one of {allowed}", f"messages.{index}.role"
+            )
+        return _fail("messages: every message must be an object", "messages")
+    if name == "stream_options" and sub == "include_usage":
+        return _fail("stream_options.include_usage: must be a boolean", "stream_options")
+    explain = {
+        "model": "a non-empty string is required",
+        "stream": "must be a boolean",
+        "stream_options": "must be an object",
+        "user": "must be a string",
+        "max_tokens": "must be a positive integer",
+        "max_completion_tokens": "must be a positive integer",
+    }
+    return _fail(f"{name}: {explain.get(name, 'invalid value')}", name)
+
+
+def _count_messages(value: msgspec.Raw, limit: int) -> None:
+    if value and memoryview(value)[0] == ord("["):
+        try:
+            capped(limit).decode(value)
+        except msgspec.ValidationError:
+            raise _fail(f"messages: at most {limit} messages", "messages") from None
+
+
+def _check_messages(messages: list[Message] | msgspec.UnsetType) -> tuple[Any, ...]:
+    """Each message an object; a role, if given, a known one (checked while decoding); content a
+    string, an array or null (what an SGLang worker would refuse with a 400 anyway, refused
+    without a round trip). Returns the leading conversation for the routing key."""
+    if not messages:
+        raise _fail("messages: a non-empty array is required", "messages")
+    for i, message in enumerate(messages):
+        content = memoryview(message.content)
+        if content and content[0] not in b'"[n':
             raise _fail(
                 f"messages[{i}].content: must be a string, an array or null",
                 f"messages.{i}.content",
             )
+    return _leading(messages)
 
 
-def _check_prompt(prompt: Any) -> None:
+def _leading(messages: list[Message]) -> tuple[Any, ...]:
+    """Role and raw content (bytes-like) of each message up to the first user turn."""
+    head: list[Any] = []
+    for message in messages:
+        head += (_ROLE_BYTES[message.role], message.content)
+        if message.role == "user":
+            break
+    return tuple(head)
+
+
+_ROLE_BYTES = {role: role.encode() for role in ROLES}
+
+
+def _check_prompt(value: msgspec.Raw, max_batch: int) -> tuple[memoryview | bytes, ...]:
     """A non-empty string, or a non-empty array of strings, of token ids or of token-id arrays
-    (OpenAI's forms; SGLang refuses anything else)."""
-    if isinstance(prompt, str) and prompt:
-        return
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt) or all(_is_int(p) for p in prompt):
-            return
-        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
-            return
+    (OpenAI's forms; SGLang refuses anything else). A batch holds at most ``max_batch`` prompts.
+    Returns the routing key's stand-in for the shared prefix: the first 2 KiB of a string."""
+    view = memoryview(value)
+    if len(view) > 2 and view[0] == ord('"'):
+        return (view[:2048],)
+    if view and view[0] == ord("["):
+        if _is_token_ids(view):
+            return ()
+        try:
+            batch = capped(max_batch).decode(value)
+        except msgspec.ValidationError:
+            message = f"prompt: at most {max_batch} prompts in one request"
+            raise _fail(message, "prompt") from None
+        items = [memoryview(item) for item in msgspec.structs.astuple(batch) if item]
+        if items and all(item[0] == ord('"') for item in items):
+            return ()
+        if items and all(_is_token_ids(item) for item in items):
+            return ()
     raise _fail(
         "prompt: a non-empty string, or an array of strings or of token ids, is required", "prompt"
     )
 
 
+def _is_token_ids(view: memoryview) -> bool:
+    """A (syntactically valid) JSON array of at least one integer."""
+    return (
+        view[0] == ord("[")
+        and _TOKEN_IDS.fullmatch(view) is not None
+        and bytes(view[-8:]).rstrip(b"] \t\r\n")[-1:].isdigit()
+    )
+
+
+def _usage_options(options: StreamOptions | None) -> bytes:
+    """The client's stream options (the ones SGLang knows) with ``include_usage`` on."""
+    if options is None or not options.continuous_usage_stats:
+        return b'{"include_usage":true}'
+    stats = bytes(options.continuous_usage_stats)
+    return b'{"include_usage":true,"continuous_usage_stats":' + stats + b"}"
+
+
 def _patch_max_tokens(
-    body: Mapping[str, Any], route: Route, limits: LimitsConfig, patch: dict[str, Any]
+    body: Any, route: Route, limits: LimitsConfig, patch: dict[str, bytes]
 ) -> None:
-    fields = ("max_tokens", "max_completion_tokens") if route is Route.CHAT else ("max_tokens",)
+    names = ("max_tokens", "max_completion_tokens") if route is Route.CHAT else ("max_tokens",)
     present = False
-    for name in fields:
-        value = body.get(name)
-        if value is None:
+    for name in names:
+        value = getattr(body, name)
+        if value is None or value is msgspec.UNSET:
             continue
-        if not _is_int(value) or value < 1:
+        if value < 1:
             raise _fail(f"{name}: must be a positive integer", name)
+        if value >= 2**63:
+            raise _fail(f"{name}: must be a positive integer below 2^63", name)
         present = True
         if value > limits.max_tokens_cap:
-            patch[name] = limits.max_tokens_cap
+            patch[name] = b"%d" % limits.max_tokens_cap
     if not present and limits.default_max_tokens is not None:
-        patch["max_tokens"] = min(limits.default_max_tokens, limits.max_tokens_cap)
+        patch["max_tokens"] = b"%d" % min(limits.default_max_tokens, limits.max_tokens_cap)
 
 
-def _prefix(raw: bytes, body: Mapping[str, Any], patch: dict[str, Any]) -> bytes:
+def _choices(body: Any, route: Route, max_n: int) -> int:
+    """``n`` (1 unless a positive integer; the worker refuses other values); ``n`` and
+    ``best_of`` above ``max_n`` are refused."""
+    choices = 1
+    for name in ("n", "best_of") if route is Route.COMPLETIONS else ("n",):
+        value = getattr(body, name)
+        if not value:
+            continue
+        try:
+            number = _INT.decode(value)
+        except msgspec.ValidationError:
+            continue
+        if number > max_n:
+            raise _fail(f"{name}: at most {max_n} choices per request", name)
+        if name == "n" and number >= 1:
+            choices = number
+    return choices
+
+
+def _head(
+    raw: bytes, body: Any, spans: Any, schema: Schema, patch: dict[str, bytes]
+) -> tuple[memoryview | bytes, ...]:
     """Upstream body up to where ``"rid":"..."}`` goes (ends with ``{`` or ``,``)."""
-    if "rid" not in body and not any(key in body for key in patch):
+    tail = b"".join([b'"%s":%s,' % (name.encode(), value) for name, value in patch.items()])
+    if spans is None and all(_missing(getattr(body, name)) for name in patch):
         # Common case: the client's bytes, untouched, with the new fields appended.
-        end = raw.rstrip().rfind(b"}")
-        head = raw[:end].rstrip()
-        if patch:
-            head += b"," + orjson.dumps(patch)[1:-1]
-        return head + b","
-    merged = {key: value for key, value in body.items() if key != "rid"}
-    merged.update(patch)
-    try:
-        dumped = orjson.dumps(merged)
-    except TypeError:  # orjson writes at most 254 levels of nesting (and reads 1024)
-        raise _fail("request body is nested too deeply") from None
-    return dumped[:-1] + (b"," if merged else b"")
+        end = len(raw) - 1 if raw[-1] == 125 else raw.rfind(b"}")  # 125: "}"
+        while raw[end - 1] in b" \t\r\n":
+            end -= 1
+        separator = b"" if raw[end - 1] == ord("{") else b","
+        return (memoryview(raw)[:end], separator + tail)
+    # The client's fields as it wrote them (those the gateway keeps), then the gateway's own.
+    # Every key of a body ``schema.typed`` read is an allowed name: a dict of them stays small
+    # (a repeated key replaces its value).
+    parts = _spans(spans, schema, patch) if spans else _items(_FIELDS.decode(raw), schema, patch)
+    if parts:
+        parts[0] = b"{" + parts[0][1:]  # the first key, without its comma
+        parts.append(b",")
+    else:
+        parts.append(b"{")
+    parts.append(tail)
+    return tuple(parts)
+
+
+def _items(body: dict[str, msgspec.Raw], schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:
+    """``,"name":value`` for each field of ``body`` (all allowed names) not in ``skip``."""
+    key_of = schema.key_of
+    parts: list[Any] = []
+    for name, value in body.items():
+        if name not in skip:
+            parts += (key_of[name], value)
+    return parts
+
+
+def _missing(value: Any) -> bool:
+    """A field the client left out (defaults are never copies: identity tells)."""
+    return value is msgspec.UNSET or value is ABSENT
+
+
+def _spans(spans: Any, schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:
+    """``,"name":value`` for each field present in ``spans`` and not in ``skip``."""
+    parts: list[Any] = []
+    values = msgspec.structs.astuple(spans)
+    for i in itertools.compress(range(len(values)), map(len, values)):
+        if schema.names[i] not in skip:
+            parts += (schema.keys[i], values[i])
+    return parts

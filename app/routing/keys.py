@@ -1,49 +1,37 @@
 """The routing key ``prefix_affinity`` hashes (CONTRACTS.md): ``X-Session-Id``, else the request's
 ``user`` field, else a hash of the leading conversation (system prompt + first user turn), so every
-turn of one conversation shares a key and lands where SGLang's radix cache holds its prefix."""
+turn of one conversation shares a key and lands where SGLang's radix cache holds its prefix.
+
+The conversation is hashed from the raw JSON spans the request parser kept (each message's role and
+content as the client wrote them; for text completions the first 2 KiB of the prompt), never from a
+re-serialised copy."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import Any
-
-import orjson
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 SESSION_HEADER = "x-session-id"
 _MAX_KEY_CHARS = 256
 
 
-def routing_key(body: Mapping[str, Any], session: str | None = None) -> str | None:
+class Routable(Protocol):
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def conversation(self) -> Sequence[Any]: ...  # bytes-like parts
+
+
+def routing_key(request: Routable, session: str | None = None) -> str | None:
     if session:
         return "s:" + session[:_MAX_KEY_CHARS]
-    user = body.get("user")
-    if isinstance(user, str) and user:
+    user = request.user
+    if user:
         return "u:" + user[:_MAX_KEY_CHARS]
-    leading = _leading_conversation(body)
-    if leading is None:
+    parts = request.conversation
+    if not parts:
         return None
-    return "c:" + hashlib.blake2b(leading, digest_size=16).hexdigest()
-
-
-def _leading_conversation(body: Mapping[str, Any]) -> bytes | None:
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        head: list[Any] = []
-        for message in messages:
-            if not isinstance(message, dict):
-                return None
-            head.append([message.get("role"), message.get("content")])
-            if message.get("role") == "user":
-                break
-        if not head:
-            return None
-        try:
-            return orjson.dumps(head)
-        except TypeError:  # nested deeper than orjson writes: no affinity for this one
-            return None
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) and prompt:
-        # Completions: the first 2 KiB stand in for the shared prefix (system prompt, few-shots).
-        return prompt[:2048].encode()
-    return None
+    # NUL separates the parts: it never occurs in a role nor, unescaped, in JSON text.
+    return "c:" + hashlib.blake2b(b"\0".join(parts), digest_size=16).hexdigest()

@@ -296,9 +296,15 @@ def test_helm_test_pod_sends_one_chat_completion(render: Callable[..., Manifests
     assert {"name": "MODEL", "value": "kimi-k2.5"} in custom
 
 
-@pytest.mark.parametrize(
-    "keys_file", ["# comment\n\nteam-a:sk-first\nteam-b:sk-2\n", "sk-bare\n", None]
-)
+FIRST_KEY = "sk-first-0123456789abcdef"
+BARE_KEY = "sk-bare-0123456789abcdef"
+KEYS_FILES = {
+    f"# comment\n\nteam-a:{FIRST_KEY}\nteam-b:sk-second-0123456789abcdef\n": FIRST_KEY,
+    f"{BARE_KEY}\n": BARE_KEY,
+}
+
+
+@pytest.mark.parametrize("keys_file", [*KEYS_FILES, None])
 def test_helm_test_script_sends_the_first_key(
     render: Callable[..., Manifests], tmp_path: Path, keys_file: str | None
 ) -> None:
@@ -336,7 +342,7 @@ def test_helm_test_script_sends_the_first_key(
     assert done.returncode == 0, done.stderr
     args = (tmp_path / "args").read_text().splitlines()
     assert "http://gw:8000/v1/chat/completions" in args
-    want = {"# comment\n\nteam-a:sk-first\nteam-b:sk-2\n": "sk-first", "sk-bare\n": "sk-bare"}
+    want = KEYS_FILES
     if keys_file is None:
         assert not [a for a in args if a.startswith("Authorization")]
     else:

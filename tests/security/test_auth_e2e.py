@@ -5,13 +5,14 @@ on the command line replaces ``DFLASH_GATEWAY_API_KEYS``, as every flag replaces
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import httpx
 
 from tests.e2e.conftest import poll
 from tests.security.stack import CHAT, chat, emulator, error_of, start_gateway
-from tests.support.procs import ProcessManager
+from tests.support.procs import PYTHON, ProcessManager
 
 CLI_KEY = "sk-cli-5f1c0e2b9a7d4c3e8b6a"
 ENV_KEY = "sk-env-0d9e8c7b6a5f4e3d2c1b"
@@ -77,6 +78,8 @@ def test_keys_from_every_source_and_revocation(procs: ProcessManager, tmp_path: 
     assert tokens and tokens[0] > 0
 
     logs = gw.logs()
+    assert "--api-key puts keys on the command line, readable in /proc" in logs
+    assert logs.count("readable in /proc") == 1
     assert "key=team-cli" in logs
     assert "key=team-file" in logs
     for secret in (CLI_KEY, ENV_KEY, FILE_KEY, KEEP_KEY, "sk-wrong"):
@@ -119,3 +122,64 @@ def test_no_keys_is_open_with_a_warning(procs: ProcessManager) -> None:
     assert _post(gw.url, None).status_code == 200
     assert _post(gw.url, "anything").status_code == 200
     assert "no API keys configured" in gw.logs()
+
+
+def test_blanking_a_key_revokes_it_and_never_makes_a_key(
+    procs: ProcessManager, tmp_path: Path
+) -> None:
+    """``team-b:`` (a key blanked by hand) is a bad line, not the key "team-b:": the reload is
+    refused and logged (file and line, never a key) and the previous keys stay in force."""
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"team-keep:{KEEP_KEY}\nteam-b:{FILE_KEY}\n")
+    emu = emulator(procs, "emu", "--speed", "50")
+    gw = start_gateway(
+        procs,
+        [emu],
+        args=("--api-key-file", str(keys_file)),
+        env={"DFLASH_GATEWAY_AUTH__RELOAD_S": "0.2"},
+    )
+    assert _post(gw.url, FILE_KEY).status_code == 200
+    assert "readable in /proc" not in gw.logs()
+
+    keys_file.write_text(f"team-keep:{KEEP_KEY}\nteam-b:\n")
+    os.utime(keys_file, ns=(1, 1))
+    poll(lambda: "API keys file not reloaded" in gw.logs(), timeout=10)
+    assert f"{keys_file} line 2: the key of 'team-b' is empty" in gw.logs()
+    assert _post(gw.url, "team-b:").status_code == 401
+    assert _post(gw.url, FILE_KEY).status_code == 200  # the previous set is kept
+
+    keys_file.write_text(f"team-keep:{KEEP_KEY}\n")  # the way to revoke: delete the line
+    os.utime(keys_file, ns=(2, 2))
+    poll(lambda: _post(gw.url, FILE_KEY).status_code == 401, timeout=10)
+    assert _post(gw.url, KEEP_KEY).status_code == 200
+    assert FILE_KEY not in gw.logs() and KEEP_KEY not in gw.logs()
+
+
+def _serve_exit(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    argv = [PYTHON, "-m", "app", "serve", "--port", "0", "--worker-url", "http://127.0.0.1:9"]
+    done = subprocess.run(
+        [*argv, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        cwd=os.getcwd(),
+    )
+    return done.returncode, done.stderr
+
+
+def test_empty_or_short_keys_refuse_to_start(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"# keys\nteam-a:{KEEP_KEY}\nteam-b:\n")
+    code, err = _serve_exit(tmp_path, "--api-key-file", str(keys_file))
+    assert code == 2, err
+    assert f"{keys_file} line 3: the key of 'team-b' is empty" in err
+    assert KEEP_KEY not in err and "Traceback" not in err
+
+    code, err = _serve_exit(tmp_path, "--api-key", "team-a:sk-short1")
+    assert code == 2, err
+    assert "key shorter than 16 characters" in err and "sk-short1" not in err
+
+    code, err = _serve_exit(tmp_path, env={"DFLASH_GATEWAY_API_KEYS": f"a:{ENV_KEY},team-b:"})
+    assert code == 2, err
+    assert "DFLASH_GATEWAY_API_KEYS" in err and "entry 2" in err and ENV_KEY not in err

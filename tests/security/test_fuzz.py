@@ -119,7 +119,9 @@ CASES: list[tuple[str, str, bytes, int | None]] = [
     ("nested 300 deep, affinity hash", CHAT, DEEP_AFFINITY, None),
     ("nested 5000 deep", CHAT, b'{"model": "m", "messages": ' + _nested(5000) + b"}", 400),
     ("duplicate keys", CHAT, DUPLICATE_KEYS, 200),
-    ("unknown fields pass", CHAT, _body(frobnicate={"a": [1, 2]}, n=1), 200),
+    ("unknown fields are dropped", CHAT, _body(frobnicate={"a": [1, 2]}, n=1), 200),
+    ("denied field", CHAT, _body(custom_logit_processor="x"), 400),
+    ("n too large", CHAT, _body(n=100000), 400),
     ("stream ok", CHAT, _body(stream=True), 200),
     ("completions ok", COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "hi"}), 200),
 ]  # fmt: skip

@@ -51,7 +51,7 @@ async def test_cors_allows_configured_origins_only() -> None:
 
 
 async def test_openapi_documents_the_public_bodies() -> None:
-    async with GatewayHarness([FakeWorker()], api_keys=["team:sk-1"]) as gw:
+    async with GatewayHarness([FakeWorker()], api_keys=["team:sk-team-0123456789abcdef"]) as gw:
         doc = (await gw.request("GET", "/openapi.json")).json()
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models"}
     schemas = doc["components"]["schemas"]
