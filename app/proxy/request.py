@@ -68,9 +68,14 @@ class ParsedRequest:
     # Everything of the upstream body except the closing ``"rid":"..."}``.
     _head: tuple[memoryview | bytes, ...]
 
+    def upstream_parts(self, rid: str) -> tuple[memoryview | bytes, ...]:
+        """The body for one upstream attempt with its own ``rid`` (32 hex chars), as the pieces
+        of the client's bytes it is made of (no copy of a large body is made here)."""
+        return (*self._head, b'"rid":"' + rid.encode("ascii") + b'"}')
+
     def upstream_body(self, rid: str) -> bytes:
-        """The body for one upstream attempt with its own ``rid`` (32 hex chars)."""
-        return b"".join((*self._head, b'"rid":"', rid.encode("ascii"), b'"}'))
+        """``upstream_parts`` joined."""
+        return b"".join(self.upstream_parts(rid))
 
 
 _INT = msgspec.json.Decoder(int)

@@ -10,6 +10,7 @@ This module is the boundary: below it errors are ``app.upstream.errors``, above 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
@@ -36,6 +37,7 @@ from app.workers.worker import Worker
 # What ``UpstreamClient.open`` returns.
 UpstreamResponse: TypeAlias = Http1Response
 
+_JOIN_MAX = 64 * 1024  # bodies up to this size are sent as one bytes object
 _MAX_ERROR_BODY = 64 * 1024  # of a worker's error response, read for its message
 _MAX_CONTROL_BODY = 1024 * 1024  # of a control call's answer (/v1/models, /v1/loads...)
 _MAX_TARGETS = 4096  # cached request heads; workers come and go under discovery
@@ -63,10 +65,11 @@ class UpstreamClient:
         self,
         worker: Worker,
         path: str,
-        body: bytes,
+        body: Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],
     ) -> UpstreamResponse:
-        """POST ``body`` and return the streaming response once its headers arrived with 2xx.
+        """POST ``body`` (its pieces, in order) and return the streaming response once its
+        headers arrived with 2xx. A large body is written piece by piece, never joined.
 
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
         ``UpstreamBadResponse`` (not an HTTP/1.1 response the gateway accepts),
@@ -75,12 +78,16 @@ class UpstreamClient:
         on its worker before giving up on it).
         """
         host, port, prefix = self._target(worker.url + path)
-        parts = [prefix, b"content-length: %d\r\n" % len(body)]
+        size = sum(map(len, body))
+        parts: list[bytes | memoryview] = [prefix, b"content-length: %d\r\n" % size]
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
-        parts += (b"\r\n", body)
+        parts.append(b"\r\n")
+        parts += body
+        # One bytes object for a usual request (one write); a large body stays in pieces.
+        data = b"".join(parts) if size <= _JOIN_MAX else parts
         try:
-            response = await self._wire.request(host, port, b"".join(parts))
+            response = await self._wire.request(host, port, data)
         except TransportError as exc:
             raise map_transport_error(exc, worker, committed=False) from None
         status = response.status_code

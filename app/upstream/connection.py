@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import httptools
@@ -245,11 +245,14 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
-    def begin(self, request: bytes) -> None:
+    def begin(self, request: bytes | Sequence[bytes | memoryview]) -> None:
         self.in_use = True
         self._reset()
         assert self.transport is not None
-        self.transport.write(request)
+        if isinstance(request, bytes):
+            self.transport.write(request)
+        else:
+            self.transport.writelines(request)
 
     def reusable(self) -> bool:
         return (

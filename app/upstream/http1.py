@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn
 
 from app.upstream.connection import Connection
@@ -204,12 +204,13 @@ class Http1Client:
         self,
         host: str,
         port: int,
-        data: bytes,
+        data: bytes | Sequence[bytes | memoryview],
         *,
         first_byte_s: float | None = None,
         idle_s: float | None = None,
     ) -> Http1Response:
-        """Send ``data`` (a whole request: head and body) and return the response once its
+        """Send ``data`` (a whole request: head and body, whole or in pieces written in order)
+        and return the response once its
         status and headers arrived. Raises a ``TransportError`` (``app.upstream.errors``)."""
         conn = await self._acquire(host, port)
         try:
