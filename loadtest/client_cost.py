@@ -55,7 +55,7 @@ async def _run_http1(url: str, body: bytes, n: int, concurrency: int) -> int:
     worker = Worker(url)
 
     async def one() -> int:
-        response = await client.open(worker, "/v1/chat/completions", (body,), [])
+        response = await client.open(worker, "/v1/chat/completions", body, [])
         size = 0
         async for part in response.aiter_raw():
             size += len(part)

@@ -65,7 +65,7 @@ class UpstreamClient:
         self,
         worker: Worker,
         path: str,
-        body: Sequence[bytes | memoryview],
+        body: bytes | Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],
     ) -> UpstreamResponse:
         """POST ``body`` (its pieces, in order) and return the streaming response once its
@@ -78,6 +78,8 @@ class UpstreamClient:
         on its worker before giving up on it).
         """
         host, port, prefix = self._target(worker.url + path)
+        if isinstance(body, bytes):
+            body = (body,)
         size = sum(map(len, body))
         parts: list[bytes | memoryview] = [prefix, b"content-length: %d\r\n" % size]
         for name, value in headers:

@@ -189,7 +189,7 @@ class Rig:
         for worker in self.pool.workers:
             worker.state, worker.models = WorkerState.HEALTHY, (MODEL,)
             worker.breaker = self.breakers[worker.url] = VerdictLog()
-        self.client = UpstreamClient(self.settings, None)
+        self.client = UpstreamClient(self.settings)
         self.metrics = Metrics()
         self.proxy = Proxy(
             settings=self.settings,

@@ -15,11 +15,8 @@ from tests.support.gateway import MODEL, FakeWorker
 
 
 def upstream_client(settings: Settings) -> UpstreamClient:
-    """The gateway's worker client (built without a test transport: the production one)."""
-    try:
-        return UpstreamClient(settings)  # type: ignore[call-arg]
-    except TypeError:  # a constructor that still takes an optional test transport
-        return UpstreamClient(settings, None)
+    """The gateway's worker client, as production builds it."""
+    return UpstreamClient(settings)
 
 
 @pytest.fixture
