@@ -41,6 +41,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from app.outcomes import Outcome
+
 log = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -50,6 +52,8 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "internal_error"
     code: str | None = None
+    # How a request that ends with this error is recorded (access log, stream_outcomes_total).
+    outcome: Outcome = Outcome.UPSTREAM_ERROR
 
     def __init__(
         self,
@@ -157,6 +161,7 @@ class RateLimited(GatewayError):
 
 class ServiceUnavailable(GatewayError):
     status = 503
+    outcome = Outcome.NO_CAPACITY
     type = "service_unavailable"
     code = "service_unavailable"
 
@@ -169,6 +174,8 @@ class UpstreamError(GatewayError):
     retryable = False
     # The client's version of ``message``, which names the worker.
     public = "a worker failed while serving the request"
+    # How the upstream attempt that raised it is recorded (upstream_attempts_total).
+    attempt_outcome: Outcome = Outcome.BROKEN
 
     @property
     def client_message(self) -> str:
@@ -182,6 +189,7 @@ class UpstreamError(GatewayError):
 
 class UpstreamConnectError(UpstreamError):
     code = "upstream_unavailable"
+    attempt_outcome = Outcome.CONNECT_ERROR
     retryable = True
     public = "no worker could be reached for the request"
 
@@ -198,6 +206,8 @@ class UpstreamBadResponse(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     type = "timeout"
+    outcome = Outcome.UPSTREAM_TIMEOUT
+    attempt_outcome = Outcome.TIMEOUT
     code = "upstream_timeout"
     public = "the worker did not answer in time"
 
@@ -223,6 +233,7 @@ class UpstreamStatusError(UpstreamError):
     code are OpenAI's (see ``from_worker``)."""
 
     RETRYABLE_STATUSES = frozenset({502, 503, 504})
+    attempt_outcome = Outcome.STATUS_ERROR
 
     def __init__(
         self,
@@ -290,6 +301,7 @@ def _code_name(code: object) -> str | None:
 
 class UpstreamStreamBroken(UpstreamError):
     code = "stream_interrupted"
+    outcome = Outcome.STREAM_BROKEN
     public = "the worker's stream was interrupted"
 
 

@@ -38,24 +38,25 @@ class CompletionResponse(Response):
         await lane.serve(self._gw, self._route, scope, receive, send)
 
 
-@router.post(
-    "/v1/chat/completions",
-    openapi_extra=request_body(ChatCompletionRequest),
-    responses=completion_responses(),
-    response_class=Response,
-)
-async def chat_completions(request: Request, gw: GatewayDep) -> Response:
-    return CompletionResponse(gw, Route.CHAT)
+def _declare(route: Route, schema: type[Any], name: str) -> None:
+    """Declare a completion route for FastAPI (answered by ``app.proxy.ingress.serve``)."""
+
+    async def endpoint(request: Request, gw: GatewayDep) -> Response:
+        return CompletionResponse(gw, route)
+
+    endpoint.__name__ = name
+    router.add_api_route(
+        route.value,
+        endpoint,
+        methods=["POST"],
+        openapi_extra=request_body(schema),
+        responses=completion_responses(),
+        response_class=Response,
+    )
 
 
-@router.post(
-    "/v1/completions",
-    openapi_extra=request_body(CompletionRequest),
-    responses=completion_responses(),
-    response_class=Response,
-)
-async def completions(request: Request, gw: GatewayDep) -> Response:
-    return CompletionResponse(gw, Route.COMPLETIONS)
+_declare(Route.CHAT, ChatCompletionRequest, "chat_completions")
+_declare(Route.COMPLETIONS, CompletionRequest, "completions")
 
 
 @router.get("/v1/models", responses={401: error_responses()[401]})

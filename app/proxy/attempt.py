@@ -239,7 +239,7 @@ class Attempt:
         if error is None:
             self.outcome, verdict.fault, abort = Outcome.OK, False, False
         elif isinstance(error, UpstreamError):
-            self.outcome = _attempt_outcome(error)
+            self.outcome = error.attempt_outcome
             # A 4xx: the worker answered, the request was at fault.
             verdict.fault = not isinstance(error, UpstreamStatusError) or error.status >= 500
             # Refused connections never reached it; an error status means nothing runs.
@@ -254,13 +254,3 @@ class Attempt:
         if abort and not self._aborted:
             self._aborted = True
             self._spawn(self._abort(self.worker, self.rid))
-
-
-def _attempt_outcome(exc: UpstreamError) -> Outcome:
-    if isinstance(exc, UpstreamTimeout):
-        return Outcome.TIMEOUT
-    if isinstance(exc, UpstreamConnectError):
-        return Outcome.CONNECT_ERROR
-    if isinstance(exc, UpstreamStatusError):
-        return Outcome.STATUS_ERROR
-    return Outcome.BROKEN

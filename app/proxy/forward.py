@@ -28,7 +28,6 @@ from app.errors import (
     GatewayError,
     ServiceUnavailable,
     UpstreamError,
-    UpstreamStreamBroken,
     UpstreamTimeout,
 )
 from app.metrics import Metrics
@@ -263,7 +262,7 @@ class Proxy:
                 retry_after=self._settings.admission.retry_after_s,
             )
             return error, Outcome.NO_WORKER
-        return error, _outcome(error)
+        return error, error.outcome
 
     def _has_other(self, job: Job, tried: set[str]) -> bool:
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))
@@ -289,13 +288,3 @@ class Proxy:
             record.outcome = Outcome.UPSTREAM_ERROR if attempt.tally.inband_error else Outcome.OK
         finally:
             self._metrics.record_attempt(worker.name, attempt.outcome)
-
-
-def _outcome(error: GatewayError) -> Outcome:
-    if isinstance(error, ServiceUnavailable):
-        return Outcome.NO_CAPACITY
-    if isinstance(error, UpstreamTimeout):
-        return Outcome.UPSTREAM_TIMEOUT
-    if isinstance(error, UpstreamStreamBroken):
-        return Outcome.STREAM_BROKEN
-    return Outcome.UPSTREAM_ERROR
