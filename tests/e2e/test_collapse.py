@@ -4,11 +4,12 @@ with the ``--accept-collapse`` fault (a drafter that no longer matches its targe
 from __future__ import annotations
 
 import re
+import threading
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import emulator, gateway
+from tests.e2e.conftest import emulator, gateway, poll
 from tests.support.procs import ManagedProcess, ProcessManager
 
 CHAT = {
@@ -71,3 +72,38 @@ def test_the_collapsed_worker_is_flagged_and_with_deweighting_avoided(
         assert all(after[n] == 6 for n in names if n != bad)
     else:
         assert after[bad] == 4
+
+
+def test_fleet_saturation_counts_running_and_queued_requests(procs: ProcessManager) -> None:
+    """Two workers capped at one request each by the gateway, three streams held open: two run,
+    one waits in the admission queue, so the fleet is at 3/2 of its capacity."""
+    emus = [emulator(procs, f"emu-{i}", "--speed", "50") for i in range(2)]
+    env = {"DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "1"}
+    gw = gateway(procs, emus, env=env)
+    for emu in emus:
+        httpx.post(emu.url + "/emulator/gate", json={"hold_after_chunks": 1}, timeout=5)
+    statuses: list[int] = []
+
+    def stream() -> None:
+        body = {**CHAT, "stream": True}
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            r.read()
+            statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        with httpx.Client(base_url=gw.url, timeout=5) as client:
+            poll(lambda: client.get("/workers").json()["queued"] == 1, timeout=20)
+            assert client.get("/workers").json()["saturation"] == 1.5
+            assert "dflash_gateway_fleet_saturation 1.5" in client.get("/metrics").text
+    finally:
+        for emu in emus:
+            httpx.post(emu.url + "/emulator/gate", json={"release": True}, timeout=5)
+        for t in threads:
+            t.join(60)
+    assert statuses == [200, 200, 200]
+    with httpx.Client(base_url=gw.url, timeout=5) as client:
+        # Idle again once the workers' polled load has caught up.
+        poll(lambda: client.get("/workers").json()["saturation"] == 0.0, timeout=20)
