@@ -17,6 +17,7 @@ Faults (each also a CLI flag of the same name):
   (a bad rollout). Requests admitted while it is set take fewer tokens per step, so their
   ``meta_info.spec_accept_length``, their stream chunks (one per step) and the worker's
   ``/v1/loads`` ``speculative.accept_length`` all fall with it; ``null`` restores the profiles.
+  (``--replay`` streams pre-rendered chunks and ignores it.)
 
 The gate: ``{"hold_after_chunks": k}`` makes every stream pause after its k-th SSE event until
 ``{"release": true}``; ``GET /emulator/gate`` tells how many streams are held right now.
