@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from app.auth import check_keys, read_keys_file
+from app.routing.config import RoutingConfig
 
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
@@ -274,6 +275,7 @@ class Settings(BaseSettings):
     auth: AuthConfig = AuthConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     embedded: EmbeddedConfig = EmbeddedConfig()
+    routing: RoutingConfig = RoutingConfig()
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")
     @classmethod

@@ -127,7 +127,11 @@ def create_app(
             asyncio.create_task(health.poll_loads(), name="loads"),
         ]
         if metrics.multiprocess:  # --processes N: this process's gauges, for the others' scrapes
-            fresh = metrics.keep_fresh(lambda: pool.workers, lambda: proxy.admission.depth)
+            fresh = metrics.keep_fresh(
+                lambda: pool.workers,
+                lambda: proxy.admission.depth,
+                saturation=lambda: proxy.admission.saturation(pool.workers),
+            )
             tasks.append(asyncio.create_task(fresh, name="metrics"))
         if settings.auth.keys_file is not None:
             watch = keys.watch(settings.auth.reload_s, publish_keys)

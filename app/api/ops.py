@@ -39,7 +39,8 @@ async def readyz(gw: GatewayDep) -> Response:
 
 def exposition(gw: Gateway) -> bytes:
     """The Prometheus text: request metrics plus the pool's state read at scrape time."""
-    gw.metrics.observe_pool(gw.pool.workers, gw.proxy.admission.depth)
+    workers, admission = gw.pool.workers, gw.proxy.admission
+    gw.metrics.observe_pool(workers, admission.depth, admission.saturation(workers))
     return gw.metrics.render()
 
 
@@ -56,6 +57,7 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
         "policy": gw.settings.policy,
         "draining": gw.draining,
         "queued": gw.proxy.admission.depth,
+        "saturation": gw.proxy.admission.saturation(gw.pool.workers),
         "workers": [
             {
                 "name": w.name,
@@ -73,6 +75,10 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
                     "accept_length": w.load.accept_length,
                     "accept_rate": w.load.accept_rate,
                 },
+                # Measured by the gateway on this worker's requests (collapse detection).
+                "accept_length": w.accept.ewma,
+                "accept_samples": w.accept.samples,
+                "collapsed": w.accept.collapsed,
             }
             for w in gw.pool.workers
         ],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from app.emulator.asgi import ConnectionDrop
 from app.emulator.engine import Timing
-from app.emulator.faults import Faults
+from app.emulator.faults import COLLAPSED_ACCEPT_LENGTH, Faults
 from app.emulator.profiles import PROFILE_NAMES
 from app.emulator.worker import DEFAULT_MODEL, DEFAULT_PORT, EmulatorConfig
 from app.server.sockets import listen
@@ -96,6 +96,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--inband-error-after-chunks", type=int, default=None, help="in-band 503 after k events"
     )
     faults.add_argument("--unhealthy", action="store_true", help="/health answers 503")
+    faults.add_argument(
+        "--accept-collapse",
+        type=float,
+        nargs="?",
+        const=COLLAPSED_ACCEPT_LENGTH,
+        default=None,
+        metavar="TOKENS_PER_STEP",
+        help=f"acceptance collapses to this mean tokens per verify step for every request (a "
+        f"drafter that no longer matches the target; alone: {COLLAPSED_ACCEPT_LENGTH})",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -108,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         first_byte_delay_s=args.first_byte_delay_s,
         inband_error_after_chunks=args.inband_error_after_chunks,
         unhealthy=args.unhealthy,
+        accept_collapse=args.accept_collapse,
     )
     return EmulatorConfig(
         host=args.host,

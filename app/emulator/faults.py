@@ -12,6 +12,12 @@ Faults (each also a CLI flag of the same name):
 - ``inband_error_after_chunks``: after that many SSE events, an in-band
   ``data: {"error": {... "code": 503}}`` then ``data: [DONE]`` (SGLang's abort with a status).
 - ``unhealthy``: ``/health`` and ``/health_generate`` answer 503.
+- ``accept_collapse``: acceptance collapses to this mean tokens per verify step (1..8; ``true``
+  means 1.3), whatever the profile and temperature: the drafter no longer matches the target
+  (a bad rollout). Requests admitted while it is set take fewer tokens per step, so their
+  ``meta_info.spec_accept_length``, their stream chunks (one per step) and the worker's
+  ``/v1/loads`` ``speculative.accept_length`` all fall with it; ``null`` restores the profiles.
+  (``--replay`` streams pre-rendered chunks and ignores it.)
 
 The gate: ``{"hold_after_chunks": k}`` makes every stream pause after its k-th SSE event until
 ``{"release": true}``; ``GET /emulator/gate`` tells how many streams are held right now.
@@ -23,6 +29,12 @@ import asyncio
 import random
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
+
+from app.emulator.profiles import BLOCK_SIZE
+
+# Tokens per verify step of a drafter that no longer matches its target: almost every draft is
+# rejected, so a step yields the bonus token and now and then one accepted draft.
+COLLAPSED_ACCEPT_LENGTH = 1.3
 
 
 class FaultError(ValueError):
@@ -39,6 +51,7 @@ class Faults:
     first_byte_delay_s: float = 0.0
     inband_error_after_chunks: int | None = None
     unhealthy: bool = False
+    accept_collapse: float | None = None
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; ``{"clear": true}`` resets everything first."""
@@ -48,6 +61,8 @@ class Faults:
             raise FaultError(f"unknown fault fields: {sorted(unknown)}")
         candidate = Faults() if changes.get("clear") else Faults(**asdict(self))
         for name, value in changes.items():
+            if name == "accept_collapse" and value is True:
+                value = COLLAPSED_ACCEPT_LENGTH
             if name != "clear":
                 setattr(candidate, name, value)
         candidate.validate()
@@ -69,6 +84,13 @@ class Faults:
             raise FaultError('die_mode must be "connection" or "process"')
         if not isinstance(self.first_byte_delay_s, int | float) or self.first_byte_delay_s < 0:
             raise FaultError("first_byte_delay_s must be >= 0")
+        collapse = self.accept_collapse
+        if collapse is not None and (
+            isinstance(collapse, bool)
+            or not isinstance(collapse, int | float)
+            or not 1.0 <= collapse <= BLOCK_SIZE
+        ):
+            raise FaultError(f"accept_collapse must be within 1..{BLOCK_SIZE}, true or null")
         for name in ("hang_before_first_byte", "unhealthy"):
             if not isinstance(getattr(self, name), bool):
                 raise FaultError(f"{name} must be a boolean")

@@ -118,6 +118,16 @@ class AcceptanceModels:
             self._cache[key] = model
         return model
 
+    def collapsed(self, tau: float) -> AcceptanceModel:
+        """The model of a collapsed drafter (the ``accept_collapse`` fault): mean ``tau`` tokens
+        per step for every profile and temperature."""
+        key = ("collapsed", round(tau, 3))
+        model = self._cache.get(key)
+        if model is None:
+            model = AcceptanceModel.for_tau(tau)
+            self._cache[key] = model
+        return model
+
 
 def classify(text: str) -> str:
     """The profile a prompt most resembles (see the module docstring for the rules)."""

@@ -59,7 +59,11 @@ class Session:
             started=clock.time(),
             started_mono=clock.monotonic(),
         )
-        model = worker.models.get(self.profile, req.temperature)
+        collapse = worker.faults.accept_collapse
+        if collapse is None:
+            model = worker.models.get(self.profile, req.temperature)
+        else:
+            model = worker.models.collapsed(collapse)
         self.gen = Generation(req, self.profile, model, request_rng(req, worker.rng))
         self._step_factor = worker.step_factors.get(self.profile, 1.0)
         self.prompt_tokens = req.prompt_tokens

@@ -61,6 +61,8 @@ WORKER_GAUGES = frozenset(
         "worker_spec_accept_length",
         "worker_spec_accept_rate",
         "worker_output_throughput_tokens_per_second",
+        "worker_measured_accept_length",
+        "worker_accept_collapsed",
     )
 )
 
@@ -195,6 +197,27 @@ class Families:
             "The worker's own draft acceptance rate (/v1/loads speculative.accept_rate)",
             ("worker",),
             "livemostrecent",
+        )
+        self.worker_measured_accept = gauge(
+            "worker_measured_accept_length",
+            "EWMA over the worker's requests through this gateway of their acceptance length "
+            "(exact or estimated per request; what acceptance-collapse detection compares)",
+            ("worker",),
+            "livemostrecent",
+        )
+        self.worker_collapsed = gauge(
+            "worker_accept_collapsed",
+            "1 if the worker's measured acceptance length is far below its peers' median "
+            "(routing.collapse_ratio): a drafter/target mismatch",
+            ("worker",),
+            "livemax",
+        )
+        self.fleet_saturation = gauge(
+            "fleet_saturation",
+            "Requests running or waiting on routable workers plus the admission queue, over the "
+            "routable workers' summed caps (1 = every slot taken); the autoscaling signal",
+            (),
+            "livemax",
         )
         # Per API key NAME (never the key); label values are configured names only.
         self.key_requests = counter("key_requests", "Requests per API key name", ("key",))

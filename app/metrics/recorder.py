@@ -36,6 +36,13 @@ class LoadView(Protocol):
     def accept_rate(self) -> float | None: ...
 
 
+class AcceptView(Protocol):
+    @property
+    def ewma(self) -> float | None: ...
+    @property
+    def collapsed(self) -> bool: ...
+
+
 class BreakerView(Protocol):
     @property
     def state(self) -> int: ...
@@ -56,6 +63,8 @@ class WorkerView(Protocol):
     def load(self) -> LoadView: ...
     @property
     def breaker(self) -> BreakerView: ...
+    @property
+    def accept(self) -> AcceptView: ...
 
 
 class TokenWindow:
@@ -165,7 +174,13 @@ class Metrics(Families):
         self._workers.add(worker)
         for outcome in ATTEMPT_OUTCOMES:
             self.upstream_attempts.labels(worker, outcome)
-        for gauge in (self.in_flight, self.worker_up, self.worker_breaker, self.worker_throughput):
+        for gauge in (
+            self.in_flight,
+            self.worker_up,
+            self.worker_breaker,
+            self.worker_throughput,
+            self.worker_collapsed,
+        ):
             gauge.labels(worker)
         for model in self._models - {OTHER}:
             self._model_worker(model, worker)
@@ -181,6 +196,8 @@ class Metrics(Families):
             self.worker_throughput,
             self.worker_accept_length,
             self.worker_accept_rate,
+            self.worker_measured_accept,
+            self.worker_collapsed,
         ):
             if self.multiprocess:
                 if gauge is self.in_flight:
@@ -282,8 +299,11 @@ class Metrics(Families):
 
     # -- when scraped -------------------------------------------------------------------------
 
-    def observe_pool(self, workers: Iterable[WorkerView], queue_depth: int) -> None:
-        """Worker-side gauges, queue depth and the gateway's tokens/s, from the pool now."""
+    def observe_pool(
+        self, workers: Iterable[WorkerView], queue_depth: int, saturation: float = 0.0
+    ) -> None:
+        """Worker-side gauges, queue depth, fleet saturation (``Admission.saturation``) and the
+        gateway's tokens/s, from the pool now."""
         current: set[str] = set()
         for w in workers:
             name = w.name
@@ -300,9 +320,14 @@ class Metrics(Families):
                 self.worker_accept_length.labels(name).set(load.accept_length)
             if load.accept_rate is not None:
                 self.worker_accept_rate.labels(name).set(load.accept_rate)
+            accept = w.accept
+            self.worker_collapsed.labels(name).set(1 if accept.collapsed else 0)
+            if accept.ewma is not None:
+                self.worker_measured_accept.labels(name).set(accept.ewma)
         for gone in self._workers - current:
             self._forget_worker(gone)
         self.queue_depth.set(queue_depth)
+        self.fleet_saturation.set(saturation)
         now = self._clock()
         for model, window in self._windows.items():
             self.throughput.labels(model).set(window.rate(now))
@@ -312,12 +337,13 @@ class Metrics(Families):
         workers: Callable[[], Iterable[WorkerView]],
         queue_depth: Callable[[], int],
         interval_s: float = 1.0,
+        saturation: Callable[[], float] | None = None,
     ) -> None:
         """``observe_pool`` every ``interval_s`` until cancelled. In multiprocess mode a scrape is
         answered by one process, which reads the others' gauges from their files: they must
         keep them current themselves."""
         while True:
-            self.observe_pool(workers(), queue_depth())
+            self.observe_pool(workers(), queue_depth(), saturation() if saturation else 0.0)
             await asyncio.sleep(interval_s)
 
     def render(self) -> bytes:

@@ -40,6 +40,7 @@ from app.proxy.request import ParsedRequest
 from app.proxy.supervisor import Supervisor
 from app.routing.policies import Policy, RoutingContext
 from app.upstream.client import UpstreamClient
+from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
@@ -89,7 +90,13 @@ class Proxy:
         self._clock = clock
         self._rng = rng
         self._background: set[asyncio.Task[Any]] = set()
-        self.admission = Admission(settings.admission, processes=settings.processes, clock=clock)
+        self.admission = Admission(
+            settings.admission,
+            processes=settings.processes,
+            clock=clock,
+            deweight_collapsed=settings.routing.deweight_collapsed,
+        )
+        self.acceptance = CollapseDetector(settings.routing, lambda: pool.workers)
 
     async def aclose(self) -> None:
         """Let pending aborts finish (briefly) at shutdown."""
@@ -210,6 +217,8 @@ class Proxy:
                 verify_steps=steps,
                 source=source,
             )
+            if source is not None and steps and usage.completion_tokens:
+                self.acceptance.observe(attempt.worker, usage.completion_tokens / steps)
         if request.stream and tally is not None and tally.first_at is not None:
             metrics.record_stream_timing(
                 model,

@@ -19,7 +19,7 @@ import asyncio
 import collections
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from app.config import AdmissionConfig
 from app.errors import ServiceUnavailable
@@ -31,9 +31,15 @@ Candidates = Callable[[], Sequence[Worker]]
 
 class Admission:
     def __init__(
-        self, config: AdmissionConfig, *, processes: int = 1, clock: Clock = time.monotonic
+        self,
+        config: AdmissionConfig,
+        *,
+        processes: int = 1,
+        clock: Clock = time.monotonic,
+        deweight_collapsed: bool = False,
     ) -> None:
         self._config = config
+        self._deweight = deweight_collapsed
         self._local_cap = max(1, math.ceil(config.per_worker_cap / processes))
         self._clock = clock
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -43,12 +49,37 @@ class Admission:
         """Requests waiting for a slot now."""
         return len(self._waiters)
 
+    def cap(self, worker: Worker) -> int:
+        """The most requests ``worker`` runs at once (all gateway processes together)."""
+        return self._config.per_worker_cap
+
     def has_room(self, worker: Worker) -> bool:
         polled = worker.load.running + worker.load.waiting
-        return worker.in_flight < self._local_cap and polled < self._config.per_worker_cap
+        return worker.in_flight < self._local_cap and polled < self.cap(worker)
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
-        return [worker for worker in workers if self.has_room(worker)]
+        """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
+        as collapsed (``app.workers.acceptance``) is one only while no other has room."""
+        ready = [worker for worker in workers if self.has_room(worker)]
+        if self._deweight and any(worker.accept.collapsed for worker in ready):
+            preferred = [worker for worker in ready if not worker.accept.collapsed]
+            if preferred:
+                return preferred
+        return ready
+
+    def saturation(self, workers: Iterable[Worker]) -> float:
+        """Fleet saturation: requests running or waiting on the routable workers plus this
+        process's admission queue, over the routable workers' caps summed (1.0 = every slot
+        taken; above it, requests queue). With no routable worker: 1.0 if anything waits, else 0.
+        """
+        demand, capacity = len(self._waiters), 0
+        for worker in workers:
+            if worker.routable:
+                capacity += self.cap(worker)
+                demand += max(worker.in_flight, worker.load.running + worker.load.waiting)
+        if capacity == 0:
+            return 1.0 if demand else 0.0
+        return demand / capacity
 
     async def admit(self, candidates: Candidates) -> tuple[list[Worker], float]:
         """Candidates with room now, waiting in the queue if there are none yet.

@@ -128,6 +128,7 @@ class HealthChecker:
         ):
             log.info("worker %s is healthy, serving %s", worker.name, ", ".join(worker.models))
             worker.state = WorkerState.HEALTHY
+            worker.accept.reset()  # a restarted (perhaps rolled-back) worker is judged afresh
 
     async def _probe(self, worker: Worker) -> bool:
         try:

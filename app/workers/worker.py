@@ -31,6 +31,20 @@ class WorkerLoad:
     max_running_requests: int | None = None
 
 
+@dataclass(slots=True)
+class Acceptance:
+    """The acceptance length this gateway measured on the worker's requests
+    (``app.workers.acceptance``): an EWMA over requests, how many fed it, and whether the worker is
+    flagged as collapsed against its peers."""
+
+    ewma: float | None = None
+    samples: int = 0
+    collapsed: bool = False
+
+    def reset(self) -> None:
+        self.ewma, self.samples, self.collapsed = None, 0, False
+
+
 def stable_name(url: str) -> str:
     """host:port of a URL: the worker's name when discovery gives none (a pod name)."""
     parts = urlsplit(url)
@@ -48,6 +62,7 @@ class Worker:
     in_flight: int = 0
     load: WorkerLoad = field(default_factory=WorkerLoad)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    accept: Acceptance = field(default_factory=Acceptance)
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")

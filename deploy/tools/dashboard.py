@@ -235,8 +235,14 @@ def panels() -> list[dict[str, Any]]:
                     "{{worker}} (gateway, token-weighted)",
                 ),
                 target(f"{P}worker_spec_accept_length{{{W}}}", "{{worker}} (worker-reported)"),
+                target(
+                    f"max by (worker) ({P}worker_measured_accept_length{{{W}}})",
+                    "{{worker}} (gateway EWMA per request, unweighted)",
+                ),
             ],
-            "A worker far below the others points at a drafter mismatch or misconfiguration.",
+            "A worker far below the others points at a drafter mismatch or misconfiguration; "
+            "the gateway flags it as collapsed below routing.collapse_ratio x its peers' median "
+            "of the EWMA.",
         ),
         w=12,
     )
@@ -378,8 +384,12 @@ def panels() -> list[dict[str, Any]]:
             [
                 target(f"{P}worker_up{{{W}}}", "up {{worker}}"),
                 target(f"{P}worker_breaker_state{{{W}}}", "breaker {{worker}}"),
+                target(
+                    f"max by (worker) ({P}worker_accept_collapsed{{{W}}})", "collapsed {{worker}}"
+                ),
             ],
-            "up: 1 healthy, 0 not. breaker: 0 closed, 1 open, 2 half-open.",
+            "up: 1 healthy, 0 not. breaker: 0 closed, 1 open, 2 half-open. collapsed: 1 when "
+            "its acceptance length is far below its peers'.",
         ),
         w=8,
     )
@@ -389,6 +399,16 @@ def panels() -> list[dict[str, Any]]:
             "reqps",
             [target(f"sum by (key) (rate({P}key_requests_total[$__rate_interval]))", "{{key}}")],
             "Configured key names only.",
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Fleet saturation",
+            "percentunit",
+            [target(f"max({P}fleet_saturation)", "running + queued / capacity")],
+            "Requests running or waiting on routable workers plus the admission queue, over the "
+            "workers' summed caps; the autoscaling signal (over 100 %: requests queue).",
         ),
         w=8,
     )

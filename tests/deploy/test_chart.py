@@ -66,6 +66,13 @@ BAD_VALUES = [
     (["--set", "workers.enabled=false"], "needs externalWorkers.urls"),
     (["--set", "gateway.terminationGracePeriodSeconds=30"], "terminationGracePeriodSeconds"),
     (
+        ["--set", "workers.autoscaling.keda.enabled=true"],
+        "workers.autoscaling.keda.serverAddress is required",
+    ),
+    (["--set", "workers.autoscaling.keda.minReplicas=0"], "minReplicas"),
+    # A number where KEDA wants a string (as a values file would give it).
+    (["--set-json", "workers.autoscaling.keda.threshold=0.8"], "threshold"),
+    (
         ["--set", "workers.modelCache.type=existingClaim"],
         "workers.modelCache.existingClaim is required",
     ),

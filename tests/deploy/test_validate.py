@@ -24,11 +24,12 @@ def test_kubernetes_validate_strict(
         [tools / "kubernetes-validate", "--strict", "-k", KUBE_VERSION, rendered_files[value_set]]
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    # Only the Prometheus Operator kinds may lack a built-in schema (checked below instead).
+    # Only the Prometheus Operator and KEDA kinds may lack a built-in schema (checked below).
     for line in (done.stdout + done.stderr).splitlines():
         if "Couldn't find schema" in line:
             assert re.search(
-                r"kind (ServiceMonitor|PrometheusRule) with api version monitoring\.coreos\.com/v1",
+                r"kind (ServiceMonitor|PrometheusRule) with api version monitoring\.coreos\.com/v1"
+                r"|kind ScaledObject with api version keda\.sh/v1alpha1",
                 line,
             ), line
 
@@ -51,10 +52,14 @@ def test_crd_schemas_reject_bad_shapes(tools: Path, tmp_path: Path) -> None:
         "metadata: {name: x, namespace: y}\n"
         "spec: {groups: [{name: g, rules: [{record: 'bad name', expr: up}]}]}\n"
         "---\napiVersion: example.com/v1\nkind: Unknown\nmetadata: {name: x, namespace: y}\n"
+        # KEDA wants every trigger metadata value as a string.
+        "---\napiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata: {name: x, namespace: y}\n"
+        "spec: {scaleTargetRef: {name: w}, triggers: [{type: prometheus, "
+        "metadata: {threshold: 0.8}}]}\n"
     )
     done = run([tools / "python", TOOLS / "validate_crds.py", bad])
     assert done.returncode == 1
-    assert done.stdout.count("FAIL") == 3, done.stdout
+    assert done.stdout.count("FAIL") == 4, done.stdout
 
 
 def test_kubernetes_validate_catches_unknown_fields(tools: Path, tmp_path: Path) -> None:
@@ -129,6 +134,6 @@ def test_render_helper_sees_every_template(render: Callable[..., Manifests]) -> 
     kinds = {d["kind"] for value_set in VALUE_SETS for d in render(value_set).docs}
     assert kinds == {
         "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Ingress", "NetworkPolicy", "Pod",
-        "PodDisruptionBudget", "PrometheusRule", "Role", "RoleBinding", "Secret", "Service",
-        "ServiceAccount", "ServiceMonitor", "StatefulSet",
+        "PodDisruptionBudget", "PrometheusRule", "Role", "RoleBinding", "ScaledObject", "Secret",
+        "Service", "ServiceAccount", "ServiceMonitor", "StatefulSet",
     }  # fmt: skip

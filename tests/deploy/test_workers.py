@@ -230,3 +230,38 @@ def test_worker_image_tag_in_values_matches_worker_doc(render: Callable[..., Man
     image = container(render().workers, "sglang")["image"]
     assert image.startswith("lmsysorg/sglang:v")
     assert image in Path(ROOT / "docker" / "worker.md").read_text()
+
+
+def test_keda_scales_the_workers_on_fleet_saturation(render: Callable[..., Manifests]) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from app.metrics import Families
+
+    m = render("keda-workers")
+    scaled = m.one("ScaledObject")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": m.workers["metadata"]["name"],
+    }
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 6)
+    assert spec["cooldownPeriod"] == 2400
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 2400
+    [trigger] = spec["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("prometheus", "Value")
+    assert trigger["metadata"] == {
+        "serverAddress": "http://prometheus-operated.monitoring.svc:9090",
+        "query": 'max(dflash_gateway_fleet_saturation{namespace="dflash"})',
+        "threshold": "0.75",
+    }
+    # The query names a gauge the gateway exports.
+    families = Families(CollectorRegistry())
+    assert families.fleet_saturation._name == "dflash_gateway_fleet_saturation"
+    # KEDA owns the replica count; off by default, where the StatefulSet keeps it.
+    assert "replicas" not in m.workers["spec"]
+    assert render().all("ScaledObject") == []
+    assert render().workers["spec"]["replicas"] == 2
+    custom = render("keda-workers", "--set", "workers.autoscaling.keda.query=vector(1)")
+    assert custom.one("ScaledObject")["spec"]["triggers"][0]["metadata"]["query"] == "vector(1)"

@@ -57,3 +57,17 @@ def test_accepted_connections_have_tcp_nodelay() -> None:
                 assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [([], None), (["--accept-collapse"], 1.3), (["--accept-collapse", "2.0"], 2.0)],
+)
+def test_accept_collapse_flag(argv: list[str], expected: float | None) -> None:
+    config = config_from_args(build_parser().parse_args(["emulate", *argv]))
+    assert config.faults.accept_collapse == expected
+
+
+def test_accept_collapse_flag_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="accept_collapse"):
+        config_from_args(build_parser().parse_args(["emulate", "--accept-collapse", "9"]))

@@ -207,3 +207,56 @@ def test_stats_record_fields(emu: ManagedProcess) -> None:
     assert rec["spec_accept_length"] == 20 / rec["steps"]
     assert rec["aborted"] is None and rec["finish_reason"] == "length"
     assert rec["started"] <= rec["first_token"] <= rec["finished"]
+
+
+def _accept(client: httpx.Client, n: int, stream: bool) -> list[float]:
+    """Per-request acceptance of ``n`` mtbench requests: ``meta_info``, or for streams the
+    completion tokens per chunk with output (one chunk per verify step)."""
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True, "stream": stream}
+    body |= {"stream_options": {"include_usage": True}, "return_meta_info": True}
+    headers = {"X-Emulator-Profile": "mtbench"}
+    lengths: list[float] = []
+    for i in range(n):
+        request = {**body, "seed": i, "temperature": 0.5}
+        if not stream:
+            response = client.post("/v1/chat/completions", json=request, headers=headers)
+            lengths.append(response.json()["choices"][0]["meta_info"]["spec_accept_length"])
+            continue
+        with client.stream(
+            "POST", "/v1/chat/completions", json=request, headers=headers
+        ) as response:
+            got = [e for e in events(response) if e != "[DONE]"]
+        deltas = [e["choices"][0]["delta"] for e in got if e["choices"]]
+        chunks = [d for d in deltas if d.get("content") or d.get("reasoning_content")]
+        lengths.append(got[-1]["usage"]["completion_tokens"] / len(chunks))
+    return lengths
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_accept_collapse_fault_lowers_acceptance_everywhere(
+    emu: ManagedProcess, stream: bool
+) -> None:
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        normal = _accept(client, 4, stream)
+        assert client.post("/emulator/faults", json={"accept_collapse": True}).json()[
+            "accept_collapse"
+        ] == pytest.approx(1.3)
+        client.delete("/emulator/stats")
+        collapsed = _accept(client, 4, stream)
+        loads = client.get("/v1/loads", params={"include": "core,spec"}).json()
+        client.post("/emulator/faults", json={"accept_collapse": None})
+        recovered = _accept(client, 4, stream)
+    assert min(normal) > 2.5 and min(recovered) > 2.5
+    assert max(collapsed) < 2.0
+    assert 1.0 < sum(collapsed) / len(collapsed) < 1.7
+    # The worker's cumulative figure falls too (it includes the normal requests before).
+    assert loads["loads"][0]["speculative"]["accept_length"] < sum(normal) / len(normal)
+
+
+def test_accept_collapse_fault_validation(emu: ManagedProcess) -> None:
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        for bad in (0.5, 9, "low", False):
+            response = client.post("/emulator/faults", json={"accept_collapse": bad})
+            assert response.status_code == 400, bad
+        assert client.post("/emulator/faults", json={"accept_collapse": 2}).status_code == 200
+        assert client.get("/emulator/faults").json()["accept_collapse"] == 2

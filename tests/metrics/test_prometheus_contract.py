@@ -132,6 +132,11 @@ class Breaker:
     state: int = 0
 
 @dataclass
+class Accept:
+    ewma: float | None = 1.3
+    collapsed: bool = True
+
+@dataclass
 class Worker:
     name: str
     models: tuple[str, ...] = ("kimi",)
@@ -139,6 +144,7 @@ class Worker:
     up: bool = True
     load: Load = field(default_factory=Load)
     breaker: Breaker = field(default_factory=Breaker)
+    accept: Accept = field(default_factory=Accept)
 
 metrics = Metrics(models=["kimi"])
 assert metrics.multiprocess
@@ -167,6 +173,9 @@ def test_multiprocess_exposition_merges_files_and_drops_departed_workers(tmp_pat
     ), "MultiProcessCollector no longer merges the processes' counter files"
     assert 'dflash_gateway_worker_up{worker="w1"} 1.0' in text
     assert 'worker="w2"' not in text.split("dflash_gateway_worker_up", 1)[1].split("# HELP")[0]
+    assert 'dflash_gateway_worker_accept_collapsed{worker="w1"} 1.0' in text
+    collapsed = text.split("dflash_gateway_worker_accept_collapsed", 1)[1].split("# HELP")[0]
+    assert 'worker="w2"' not in collapsed
     # tests/metrics/test_processes.py reads a process's counter file directly.
     [counters] = tmp_path.glob("counter_*.db")
     entries = MmapedDict.read_all_values_from_file(str(counters))  # type: ignore[no-untyped-call]

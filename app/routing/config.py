@@ -1,0 +1,31 @@
+"""``routing.*`` settings (a section of ``app.config.Settings``): acceptance-collapse detection.
+
+A worker is *collapsed* when the EWMA of its per-request acceptance length (completion tokens
+per verify step, exact or estimated, one sample per answered request) falls below
+``collapse_ratio`` times the median of its peers' EWMAs; it is clear again once it is back at
+``collapse_clear_ratio`` times the median (hysteresis). Only workers with at least
+``collapse_min_samples`` requests count, as the judged worker and as peers.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    collapse_ratio: float = Field(0.6, gt=0, lt=1)
+    collapse_clear_ratio: float = Field(0.7, gt=0, le=1)
+    collapse_min_samples: int = Field(20, ge=1)
+    # Weight of each new request in the EWMA (0.1: about the last 20 requests matter).
+    collapse_ewma_alpha: float = Field(0.1, gt=0, le=1)
+    # Route to a collapsed worker only while no other candidate has admission room. Off by
+    # default: acceptance also differs by workload, so it is reported (and alerted on) first.
+    deweight_collapsed: bool = False
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> RoutingConfig:
+        if self.collapse_clear_ratio < self.collapse_ratio:
+            raise ValueError("collapse_clear_ratio must be >= collapse_ratio")
+        return self
