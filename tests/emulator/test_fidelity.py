@@ -173,7 +173,6 @@ def test_models_and_errors_match_sglang(emu: ManagedProcess, sg: Any) -> None:
         assert protocol.ModelList.model_validate(models).model_dump() == models
         assert models["data"][0]["id"] == "moonshotai/Kimi-K2.5"
         bad = [
-            {**CHAT, "n": 2},
             {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
             {"messages": []},
             {**CHAT, "tool_choice": "required"},
