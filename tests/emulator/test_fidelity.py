@@ -70,6 +70,7 @@ def check_chat_chunk(sg: tuple[types.ModuleType, types.ModuleType], raw: str) ->
             content=delta.get("content"),
             reasoning_content=delta.get("reasoning_content"),
             finish_reason=choice["finish_reason"],
+            logprobs=choice["logprobs"],
             matched_stop=choice["matched_stop"],
             usage=obj.get("usage"),
         )
