@@ -1,6 +1,6 @@
 """The OpenAI surface as FastAPI sees it: ``/v1/models`` and ``/v1/models/{model}``, and the two
-completion routes declared for ``/openapi.json``, 405s and the CORS case; ``app.main.GatewayApp`` serves POSTs to those two
-itself, ahead of FastAPI (``app.proxy.ingress``)."""
+completion routes declared for ``/openapi.json``, 405s and the CORS case; ``app.main.GatewayApp``
+serves POSTs to those two itself, ahead of FastAPI (``app.proxy.ingress``)."""
 
 from __future__ import annotations
 
