@@ -218,3 +218,38 @@ def test_worker_400_reaches_the_sdk_as_bad_request(client: openai.OpenAI, stream
     assert error.param is None
     assert "longer than the model's context length (262144 tokens)" in error.message
     assert isinstance(error.body, dict) and set(error.body) == {"message", "type", "param", "code"}
+
+
+def test_client_disconnect_ends_every_choice(gw: ManagedProcess) -> None:
+    # SGLang gives parallel samples fresh rids, so the gateway's abort by rid cannot name them;
+    # closing the worker connection (as the gateway does) must still end every choice.
+    workers = [w["url"] for w in httpx.get(gw.url + "/workers", timeout=5).json()["workers"]]
+    for url in workers:
+        httpx.post(url + "/emulator/gate", json={"hold_after_chunks": 3}, timeout=5)
+    body = {"model": MODEL, "messages": MESSAGES, "n": 2, "stream": True, "max_tokens": 4000}
+    headers = {"X-Request-Id": "surface-disconnect-n2"}
+    try:
+        with httpx.Client(timeout=30) as client:
+            url = gw.url + "/v1/chat/completions"
+            with client.stream("POST", url, json=body, headers=headers) as response:
+                lines = response.iter_lines()
+                while not next(lines).startswith("data: "):
+                    pass
+                poll(
+                    lambda: any(
+                        httpx.get(u + "/emulator/gate", timeout=5).json()["held"] for u in workers
+                    )
+                )
+        records = truth(gw, {"first", "second"}, request_id="surface-disconnect-n2")
+    finally:
+        for url in workers:
+            httpx.post(url + "/emulator/gate", json={"release": True}, timeout=5)
+    assert [r["index"] for r in records] == [0, 1]
+    assert all(r["aborted"] in ("abort", "disconnect") for r in records)
+    assert all(r["finish_reason"] == "abort" for r in records)
+
+    def idle() -> bool:
+        table = httpx.get(gw.url + "/workers", timeout=5).json()["workers"]
+        return all(w["in_flight"] == 0 for w in table)
+
+    poll(idle, timeout=5)
