@@ -10,10 +10,11 @@ tokens kept minus the bonus token.
 ``ignore_eos`` (SGLang's sampling parameter) keeps the answer going until ``max_tokens`` or a
 ``stop`` string.
 
-A request with a JSON schema (``response_format``) answers, after its reasoning, with JSON valid
-against the schema and no tool call (SGLang turns tool-call parsing off for a JSON answer:
-``serving_chat.py`` ``_tool_call_parsing_active``). With ``logprobs`` each step also lists its
-tokens' log-probabilities (``app.emulator.logprobs``).
+A grammar-constrained request answers, after its reasoning, with text its grammar accepts: JSON
+valid against the schema (``app.emulator.schema``), or a match of the ``regex`` / a sentence of the
+``ebnf`` grammar (``app.emulator.grammar``); no tool call (SGLang turns tool-call parsing off for a
+JSON answer: ``serving_chat.py`` ``_tool_call_parsing_active``). With ``logprobs`` each step also
+lists its tokens' log-probabilities (``app.emulator.logprobs``).
 
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
 is ``"auto"``/unset and the last user turn mentions a tool's name, the answer is a call to that
@@ -27,6 +28,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from app.emulator.grammar import ebnf_text, regex_text
 from app.emulator.logprobs import LogprobSource, TokenLogprob
 from app.emulator.profiles import BLOCK_SIZE, AcceptanceModel
 from app.emulator.requests import GenRequest, Tool
@@ -191,10 +193,8 @@ class Generation:
                 yield _ARG, piece
             yield _HIDDEN, "<|tool_call_end|>"
             yield _HIDDEN, "<|tool_calls_section_end|>"
-        elif req.json_schema is not None:
-            values = SchemaValues(req.json_schema, prompt_words(req.last_user), rng)
-            answer = json.dumps(values.value(req.json_schema), ensure_ascii=False)
-            for piece in split_pieces(answer):
+        elif req.constrained:
+            for piece in split_pieces(_constrained_answer(req, rng)):
                 yield _C, piece
         else:
             pieces = prose(rng, flavour_words(profile))
@@ -208,7 +208,7 @@ class Generation:
 
 
 def _chosen_tool(req: GenRequest) -> Tool | None:
-    if not req.tools or req.kind != "chat" or req.tool_choice == "none" or req.json_schema:
+    if not req.tools or req.kind != "chat" or req.tool_choice == "none" or req.constrained:
         return None
     choice = req.tool_choice
     if isinstance(choice, dict):
@@ -218,6 +218,16 @@ def _chosen_tool(req: GenRequest) -> Tool | None:
     if choice == "required":
         return mentioned[0] if mentioned else req.tools[0]
     return mentioned[0] if mentioned else None
+
+
+def _constrained_answer(req: GenRequest, rng: random.Random) -> str:
+    if req.json_schema is not None:
+        values = SchemaValues(req.json_schema, prompt_words(req.last_user), rng)
+        return json.dumps(values.value(req.json_schema), ensure_ascii=False)
+    if req.regex is not None:
+        return regex_text(req.regex, rng)
+    assert req.ebnf is not None
+    return ebnf_text(req.ebnf, rng)
 
 
 def _arguments(tool: Tool, prompt: str, rng: random.Random) -> str:

@@ -2,9 +2,8 @@
 
 Bodies are read as plain JSON (no pydantic on the hot path). Rules that differ from a real worker
 are documented here: an unset ``temperature`` counts as greedy (0) for the acceptance model;
-``regex``, ``ebnf`` and ``structural_tag`` constraints are refused (SGLang serves them, also under
-DFLASH; the emulator only generates output for JSON schemas). Prompt tokens are estimated as one
-token per 4 characters of the rendered prompt.
+``structural_tag`` constraints are refused (SGLang serves them, also under DFLASH). Prompt tokens
+are estimated as one token per 4 characters of the rendered prompt.
 
 What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
 
@@ -15,7 +14,9 @@ What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
   parallel sampling gets ``f"{rid}_{i}"`` or the i-th of a ``rid`` list (``managers/io_struct.py``
   ``GenerateReqInput._normalize_rid``); parallel samples always get fresh ids
   (``regenerate_rid``), so an abort by the caller's rid prefix does not reach them.
-* ``response_format`` ``json_schema`` / ``json_object`` and the ``json_schema`` field are served:
+* ``response_format`` ``json_schema`` / ``json_object`` and the ``json_schema``, ``regex`` and
+  ``ebnf`` fields are served (after the reasoning: ``constrained/reasoner_grammar_backend.py``
+  ``ReasonerGrammarObject`` defers a grammar to the end of the reasoning):
   DFLASH verifies drafts under the grammar mask (``speculative/dflash_worker_v2.py``: ``GrammarTree
   .from_linear_chain`` and ``build_grammar_vocab_mask`` in the verify step; ``speculative/
   spec_info.py`` ``supports_grammar_overlap`` is true for the DFLASH family). A ``json_schema``
@@ -27,10 +28,14 @@ What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
+
+from app.emulator.grammar import GrammarError, ebnf_text, regex_text
 
 CHARS_PER_TOKEN = 4
 # SGLang echoes the request's ``model``; a request without one is answered as "default".
@@ -80,6 +85,12 @@ class GenRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     json_schema: dict[str, Any] | None = None  # the answer is JSON valid against it
+    regex: str | None = None  # the answer matches it
+    ebnf: str | None = None  # the answer is a sentence of this grammar
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
 
     @property
     def prompt_tokens(self) -> int:
@@ -138,14 +149,30 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "n": n,
         "rids": rids,
         "json_schema": _json_schema(body),
+        "regex": _grammar(body, "regex", regex_text),
+        "ebnf": _grammar(body, "ebnf", ebnf_text),
     }
+
+
+def _grammar(body: dict[str, Any], name: str, check: Callable[[str, random.Random], str]) -> Any:
+    """A ``regex``/``ebnf`` field, checked by generating from it once (a bad one is a 400)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"{name} must be a non-empty string.")
+    try:
+        check(value, random.Random(0))
+    except GrammarError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError(f"The {name} grammar nests too deeply.") from None
+    return value
 
 
 def _json_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema the answer must follow (``response_format`` json_schema/json_object, or
-    the ``json_schema`` field as a string); None when unconstrained. Other grammars: 400."""
-    if body.get("regex") is not None or body.get("ebnf") is not None:
-        raise RequestError(_GRAMMAR_MESSAGE)
+    the ``json_schema`` field as a string); None when unconstrained. ``structural_tag``: 400."""
     fmt = body.get("response_format")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "json_schema":
@@ -170,9 +197,8 @@ def _json_schema(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 _GRAMMAR_MESSAGE = (
-    "This emulated worker generates grammar-constrained output for JSON schemas only "
-    "(response_format json_schema/json_object, json_schema); regex, ebnf and structural_tag "
-    "are not emulated."
+    "This emulated worker does not generate structural_tag output (json_schema, json_object, "
+    "regex and ebnf are served)."
 )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 from collections import defaultdict
 from typing import Any
@@ -242,6 +243,32 @@ def test_json_schema_answer_is_valid_json(emu: ManagedProcess, sg: Any, stream: 
     assert finish == "stop"
     assert _conforms(orjson.loads(content), SCHEMA, SCHEMA)
     assert isinstance(orjson.loads(text), dict)
+
+
+def test_regex_and_ebnf_answers_match_their_grammar(emu: ManagedProcess) -> None:
+    regex = r"(yes|no), because [a-z]+ \d{2,4}\."
+    ebnf = 'root ::= item ("," item)*\nitem ::= "[" [0-9]+ "]" | "none"'
+    item = r"(\[[0-9]+\]|none)"
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        for stream in (False, True):
+            body = {**CHAT, "regex": regex, "max_tokens": 5000, "stream": stream}
+            if stream:
+                chunks = [
+                    orjson.loads(r) for r in _raw_events(client, "/v1/chat/completions", body)[:-1]
+                ]
+                content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            else:
+                message = client.post("/v1/chat/completions", json=body).json()["choices"][0][
+                    "message"
+                ]
+                content = message["content"]
+                assert message["reasoning_content"]  # the grammar applies after the reasoning
+            assert re.fullmatch(regex, content), content
+        text = client.post("/v1/completions", json={"prompt": "List:", "ebnf": ebnf}).json()
+        assert re.fullmatch(f"{item}(,{item})*", text["choices"][0]["text"])
+        bad = client.post("/v1/completions", json={"prompt": "x", "regex": "(unclosed"})
+        assert bad.status_code == 400
+        assert bad.json()["object"] == "error"
 
 
 def test_grammar_errors_match_sglang(emu: ManagedProcess, sg: Any) -> None:

@@ -184,8 +184,9 @@ def test_models_and_errors_match_sglang(emu: ManagedProcess, sg: Any) -> None:
             error = response.json()
             assert protocol.ErrorResponse.model_validate(error).model_dump() == error
             assert error["code"] == 400 and error["object"] == "error"
-        response = client.post("/v1/completions", json={"prompt": "x", "regex": "a+"})
-        assert response.status_code == 400
+        fmt = {"type": "structural_tag", "structures": [], "triggers": []}
+        response = client.post("/v1/completions", json={"prompt": "x", "response_format": fmt})
+        assert response.status_code == 400  # not emulated (SGLang serves it)
         response = client.post("/v1/chat/completions", content=b"{not json")
         assert response.status_code == 400
         assert protocol.ErrorResponse.model_validate(response.json())
