@@ -74,7 +74,9 @@ class Generation:
         self._stream = self._tokens(req, profile)
         self._logprobs: LogprobSource | None = None
         if req.logprobs:
-            material = f"{req.kind}|{req.seed}|{req.index}|{req.prompt}"
+            # Choices that sample the same text (greedy, or one seed) get the same values.
+            sampled = req.seed is None and req.temperature > 0
+            material = f"{req.kind}|{req.seed}|{req.index if sampled else ''}|{req.prompt}"
             self._logprobs = LogprobSource(material, req.top_logprobs)
         self.completion_tokens = 0
         self.reasoning_tokens = 0

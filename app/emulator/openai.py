@@ -106,18 +106,30 @@ async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | Non
         await asyncio.sleep(faults.first_byte_delay_s)
     if first.aborted == "disconnect":
         return None  # nobody is listening any more
-    started = await asyncio.gather(*(s.start() for s in sessions), return_exceptions=True)
-    if any(isinstance(r, QueueFull) for r in started):
-        for session in sessions:
-            session.active.abort("abort")  # the choices that got in end with the request
+    try:
+        await _start(sessions)
+    except QueueFull:
         await render.send_queue_full(send, first.req.stream)
         return None
-    for result in started:
-        if isinstance(result, BaseException):
-            raise result
     if first.req.stream:
         return await StreamWriter(worker, sessions, send).run()
     return await _non_stream(worker, sessions, send)
+
+
+async def _start(sessions: list[Session]) -> None:
+    """Admission and prefill of every choice; when one finds the queue full, the others are
+    aborted (those already admitted leave an aborted record) and ``QueueFull`` is raised."""
+    if len(sessions) == 1:
+        await sessions[0].start()
+        return
+    tasks = [asyncio.ensure_future(s.start()) for s in sessions]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for session in sessions:
+            session.active.abort("abort")
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _collect(session: Session) -> tuple[str, str, str, list[TokenLogprob]]:
