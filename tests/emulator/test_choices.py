@@ -15,8 +15,9 @@ import pytest
 from tests.emulator import sglang_protocol
 from tests.emulator.support import CHAT, stats, wait_for
 from tests.emulator.test_fidelity import _raw_events, check_chat_stream
-from tests.support.procs import ManagedProcess
+from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
 
+EMULATE = [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "50"]
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -281,3 +282,20 @@ def test_grammar_errors_match_sglang(emu: ManagedProcess, sg: Any) -> None:
     assert response.status_code == 400
     error = protocol.ErrorResponse.model_validate(response.json())
     assert error.message == "schema_ is required for json_schema response format request."
+
+
+def test_queue_full_for_one_choice_answers_at_once(procs: ProcessManager) -> None:
+    emu = procs.start(
+        [*EMULATE, "--max-running-requests", "1", "--max-queued-requests", "0"], name="emu"
+    )
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        full = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "max_tokens": 5})
+        assert full.status_code == 503
+        assert full.json()["message"] == "The request queue is full."
+        totals = stats(client)["totals"]
+        assert totals["queue_rejected"] == 1
+        # the admitted choice ended with the request and gave its slot back
+        records = wait_for(lambda: stats(client)["requests"], what="the admitted choice")
+        assert [r["aborted"] for r in records] == ["abort"]
+        again = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5})
+        assert again.status_code == 200
