@@ -299,3 +299,40 @@ def test_queue_full_for_one_choice_answers_at_once(procs: ProcessManager) -> Non
         assert [r["aborted"] for r in records] == ["abort"]
         again = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5})
         assert again.status_code == 200
+
+
+def test_logprobs_cover_tool_call_steps_and_zero_top(emu: ManagedProcess, sg: Any) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    body = {
+        **CHAT,
+        "tools": tools,
+        "tool_choice": "required",
+        "logprobs": True,
+        "chat_template_kwargs": {"thinking": False},
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.Client(base_url=emu.url, timeout=30) as client:
+        chunks = check_chat_stream(sg, _raw_events(client, "/v1/chat/completions", body))
+        plain = client.post("/v1/completions", json={"prompt": "Hi", "logprobs": 0}).json()
+    tokens = [
+        t["token"]
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for t in c["choices"][0]["logprobs"]["content"]
+    ]
+    assert len(tokens) == chunks[-1]["usage"]["completion_tokens"]
+    assert tokens[:2] == ["<|tool_calls_section_begin|>", "<|tool_call_begin|>"]
+    assert tokens[2] == "functions.get_weather:0" and tokens[-1] == "<|im_end|>"
+    # tool-call chunks never carry logprobs; their step's come in a chunk of their own
+    calls = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    assert calls and all(c["choices"][0]["logprobs"] is None for c in calls)
+    lp = plain["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [] and len(lp["tokens"]) == plain["usage"]["completion_tokens"]
