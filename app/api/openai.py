@@ -1,6 +1,6 @@
-"""The OpenAI surface as FastAPI sees it: ``/v1/models``, and the two completion routes declared
-for ``/openapi.json``, 405s and the CORS case; ``app.main.GatewayApp`` serves POSTs to those two
-itself, ahead of FastAPI (``app.proxy.ingress``)."""
+"""The OpenAI surface as FastAPI sees it: ``/v1/models`` and ``/v1/models/{model}``, and the two
+completion routes declared for ``/openapi.json``, 405s and the CORS case; ``app.main.GatewayApp``
+serves POSTs to those two itself, ahead of FastAPI (``app.proxy.ingress``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from app.api.schema import (
     request_body,
 )
 from app.api.security import ClientKey
+from app.errors import ModelNotFound
 from app.gateway import Gateway
 from app.proxy import ingress as lane
 from app.proxy.downstream import Receive, Send
@@ -59,8 +60,9 @@ _declare(Route.CHAT, ChatCompletionRequest, "chat_completions")
 _declare(Route.COMPLETIONS, CompletionRequest, "completions")
 
 
-@router.get("/v1/models", responses={401: error_responses()[401]})
-async def list_models(gw: GatewayDep, key: ClientKey) -> dict[str, Any]:
+def _cards(gw: Gateway) -> list[dict[str, Any]]:
+    """The served models' cards, then an alias's card (``root`` = its target) per alias whose
+    target is served."""
     served = gw.pool.served_models()
     data = [gw.pool.card(model) for model in served]
     for alias, target in gw.settings.model_aliases.items():
@@ -68,4 +70,22 @@ async def list_models(gw: GatewayDep, key: ClientKey) -> dict[str, Any]:
             card = gw.pool.card(target)
             card.update(id=alias, root=target, owned_by="dflash-gateway")
             data.append(card)
-    return {"object": "list", "data": data}
+    return data
+
+
+@router.get("/v1/models", responses={401: error_responses()[401]})
+async def list_models(gw: GatewayDep, key: ClientKey) -> dict[str, Any]:
+    return {"object": "list", "data": _cards(gw)}
+
+
+@router.get(
+    "/v1/models/{model:path}",
+    responses={status: error_responses()[status] for status in (401, 404)},
+)
+async def retrieve_model(model: str, gw: GatewayDep, key: ClientKey) -> dict[str, Any]:
+    """One card as ``/v1/models`` lists it (a served model or an alias); 404 ``model_not_found``
+    otherwise. Model names may hold a slash (``moonshotai/Kimi-K2.5``)."""
+    for card in _cards(gw):
+        if card.get("id") == model:
+            return card
+    raise ModelNotFound(f"The model '{model}' does not exist", param="model")

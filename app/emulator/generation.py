@@ -10,6 +10,12 @@ tokens kept minus the bonus token.
 ``ignore_eos`` (SGLang's sampling parameter) keeps the answer going until ``max_tokens`` or a
 ``stop`` string.
 
+A grammar-constrained request answers, after its reasoning, with text its grammar accepts: JSON
+valid against the schema (``app.emulator.schema``), or a match of the ``regex`` / a sentence of the
+``ebnf`` grammar (``app.emulator.grammar``); no tool call (SGLang turns tool-call parsing off for a
+JSON answer: ``serving_chat.py`` ``_tool_call_parsing_active``). With ``logprobs`` each step also
+lists its tokens' log-probabilities (``app.emulator.logprobs``).
+
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
 is ``"auto"``/unset and the last user turn mentions a tool's name, the answer is a call to that
 tool (the first one mentioned, else the first tool) with arguments made from its JSON schema.
@@ -17,15 +23,16 @@ tool (the first one mentioned, else the first tool) with arguments made from its
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-import orjson
-
+from app.emulator.grammar import ebnf_text, regex_text
+from app.emulator.logprobs import LogprobSource, TokenLogprob
 from app.emulator.profiles import BLOCK_SIZE, AcceptanceModel
 from app.emulator.requests import GenRequest, Tool
+from app.emulator.schema import SchemaValues, prompt_words
 from app.emulator.text import flavour_words, prose, reasoning_words, split_pieces
 
 EOS_TOKEN_ID = 163586  # Kimi-K2.5 <|im_end|>
@@ -47,6 +54,7 @@ class Step:
     reasoning: str = ""
     content: str = ""
     tool_deltas: list[ToolDelta] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # only when asked for
 
 
 class Generation:
@@ -64,6 +72,12 @@ class Generation:
         self._history_calls = req.history_tool_calls
         self._tool = _chosen_tool(req)
         self._stream = self._tokens(req, profile)
+        self._logprobs: LogprobSource | None = None
+        if req.logprobs:
+            # Choices that sample the same text (greedy, or one seed) get the same values.
+            sampled = req.seed is None and req.temperature > 0
+            material = f"{req.kind}|{req.seed}|{req.index if sampled else ''}|{req.prompt}"
+            self._logprobs = LogprobSource(material, req.top_logprobs)
         self.completion_tokens = 0
         self.reasoning_tokens = 0
         self.step_tokens: list[int] = []
@@ -93,6 +107,8 @@ class Generation:
         for _ in range(want):
             kind, text = next(self._stream)
             step.tokens += 1
+            if self._logprobs is not None:
+                step.logprobs.append(self._logprobs.token(self._shown(kind, text)))
             if kind == _R:
                 step.reasoning += text
                 self.reasoning_tokens += 1
@@ -139,6 +155,16 @@ class Generation:
             return True
         return False
 
+    def _shown(self, kind: int, text: str) -> str:
+        """A token's text as SGLang detokenizes it for logprobs (special tokens included)."""
+        if kind == _EOS:
+            return "<|im_end|>"
+        if kind == _R and not text:
+            return "</think>"
+        if kind == _NAME:
+            return f"functions.{text}:{self._history_calls}"
+        return text
+
     @property
     def correct_drafts(self) -> int:
         return self.completion_tokens - len(self.step_tokens)
@@ -161,14 +187,17 @@ class Generation:
             yield _R, ""  # </think>
         tool = self._tool
         if tool is not None:
-            yield _HIDDEN, ""  # <|tool_calls_section_begin|>
-            yield _HIDDEN, ""  # <|tool_call_begin|>
+            yield _HIDDEN, "<|tool_calls_section_begin|>"
+            yield _HIDDEN, "<|tool_call_begin|>"
             yield _NAME, tool.name
-            yield _HIDDEN, ""  # <|tool_call_argument_begin|>
+            yield _HIDDEN, "<|tool_call_argument_begin|>"
             for piece in split_pieces(_arguments(tool, req.last_user, rng)):
                 yield _ARG, piece
-            yield _HIDDEN, ""  # <|tool_call_end|>
-            yield _HIDDEN, ""  # <|tool_calls_section_end|>
+            yield _HIDDEN, "<|tool_call_end|>"
+            yield _HIDDEN, "<|tool_calls_section_end|>"
+        elif req.constrained:
+            for piece in split_pieces(_constrained_answer(req, rng)):
+                yield _C, piece
         else:
             pieces = prose(rng, flavour_words(profile))
             for _ in range(rng.randint(60, 600)):
@@ -181,7 +210,7 @@ class Generation:
 
 
 def _chosen_tool(req: GenRequest) -> Tool | None:
-    if not req.tools or req.kind != "chat" or req.tool_choice == "none":
+    if not req.tools or req.kind != "chat" or req.tool_choice == "none" or req.constrained:
         return None
     choice = req.tool_choice
     if isinstance(choice, dict):
@@ -193,32 +222,23 @@ def _chosen_tool(req: GenRequest) -> Tool | None:
     return mentioned[0] if mentioned else None
 
 
+def _constrained_answer(req: GenRequest, rng: random.Random) -> str:
+    if req.json_schema is not None:
+        values = SchemaValues(req.json_schema, prompt_words(req.last_user), rng)
+        return json.dumps(values.value(req.json_schema), ensure_ascii=False)
+    if req.regex is not None:
+        return regex_text(req.regex, rng)
+    assert req.ebnf is not None
+    return ebnf_text(req.ebnf, rng)
+
+
 def _arguments(tool: Tool, prompt: str, rng: random.Random) -> str:
+    """Arguments for a call: the required properties (all when none are required)."""
     props = tool.parameters.get("properties")
     required = tool.parameters.get("required")
     if not isinstance(props, dict):
         return "{}"
     names = [n for n in props if not isinstance(required, list) or n in required] or list(props)
-    words = [w.strip(".,?!\"'") for w in prompt.split() if len(w) > 3] or ["value"]
-    args: dict[str, Any] = {}
-    for name in names:
-        schema = props[name] if isinstance(props[name], dict) else {}
-        args[name] = _value(schema, words, rng)
-    return orjson.dumps(args).decode().replace('":', '": ').replace(',"', ', "')
-
-
-def _value(schema: dict[str, Any], words: list[str], rng: random.Random) -> Any:
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return schema["enum"][0]
-    kind = schema.get("type")
-    if kind == "integer":
-        return rng.randint(1, 100)
-    if kind == "number":
-        return round(rng.uniform(1, 100), 2)
-    if kind == "boolean":
-        return True
-    if kind == "array":
-        return [words[rng.randrange(len(words))]]
-    if kind == "object":
-        return {}
-    return words[rng.randrange(len(words))]
+    values = SchemaValues(tool.parameters, prompt_words(prompt), rng)
+    args = {name: values.value(props[name]) for name in names}
+    return json.dumps(args, ensure_ascii=False)

@@ -4,6 +4,9 @@ Response headers go out with the first data event, as SGLang's StreamingResponse
 for the first generated output), so a slow prefill or a long queue shows as time to first byte.
 A full waiting queue is answered as SGLang does: non-streaming, HTTP 503 with an ``ErrorResponse``;
 streaming, HTTP 200 with one in-band ``data: {"error": {... "code": 503}}`` event and ``[DONE]``.
+Several choices (``n``, a batch of prompts) are answered in one body, ``choices`` in index order,
+under the first choice's id (``serving_chat.py`` ``_build_chat_response``,
+``serving_completions.py`` ``_build_completion_response``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from app.emulator import render
+from app.emulator import choices, logprobs, render
 from app.emulator.asgi import (
     ConnectionDrop,
     Receive,
@@ -25,8 +28,9 @@ from app.emulator.asgi import (
     watch_disconnect,
 )
 from app.emulator.engine import QueueFull
+from app.emulator.logprobs import TokenLogprob
 from app.emulator.replay import ReplayBook, handle_replay
-from app.emulator.requests import RequestError, parse_chat, parse_completion
+from app.emulator.requests import RequestError, expand, parse_chat, parse_completion
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
 from app.emulator.worker import CONTEXT_LEN, Worker
@@ -50,12 +54,13 @@ async def handle_generate(
             await handle_replay(worker, replay, kind, body, receive, send)
             return
         parse = parse_chat if kind == "chat" else parse_completion
-        req = parse(body)
-        if req.prompt_tokens >= CONTEXT_LEN:
-            raise RequestError(
-                f"The input ({req.prompt_tokens} tokens) is longer than the model's context "
-                f"length ({CONTEXT_LEN} tokens)."
-            )
+        subs = expand(parse(body))
+        for sub in subs:
+            if sub.prompt_tokens >= CONTEXT_LEN:
+                raise RequestError(
+                    f"The input ({sub.prompt_tokens} tokens) is longer than the model's context "
+                    f"length ({CONTEXT_LEN} tokens)."
+                )
     except RequestError as exc:
         body = render.error_body(exc.message, exc.err_type, exc.status)
         await respond_json(send, exc.status, body)
@@ -63,106 +68,131 @@ async def handle_generate(
     except ValueError as exc:  # bad JSON / body
         await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
         return
-    session = Session(
-        worker, req, header(scope, b"x-emulator-profile"), header(scope, b"x-request-id")
-    )
-    watcher = watch_disconnect(receive, lambda: session.active.abort("disconnect"))
+    profile = header(scope, b"x-emulator-profile")
+    request_id = header(scope, b"x-request-id")
+    sessions = [Session(worker, sub, profile, request_id) for sub in subs]
+
+    def on_disconnect() -> None:
+        for session in sessions:
+            session.active.abort("disconnect")
+
+    watcher = watch_disconnect(receive, on_disconnect)
     error: str | None = None
     try:
-        error = await _run(worker, session, send)
+        error = await _run(worker, sessions, send)
     except ConnectionDrop:
         error = "die_after_chunks"
         raise
     finally:
         watcher.cancel()
-        session.finish(error)
+        for session in sessions:
+            session.finish(error)
 
 
-async def _run(worker: Worker, session: Session, send: Send) -> str | None:
+async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | None:
     """Serve one request; returns the name of the fault that ended it, if any."""
     faults = worker.faults
+    first = sessions[0]
     if faults.should_fail(worker.rng):
         status = faults.fail_status or 500
         body = render.error_body("Injected failure.", str(status), status)
-        session.finish("fail_status")
+        for session in sessions:
+            session.finish("fail_status")
         await respond_json(send, status, body)
         return "fail_status"
-    while faults.hang_before_first_byte and not session.aborted:  # noqa: ASYNC110
+    while faults.hang_before_first_byte and not first.aborted:  # noqa: ASYNC110
         await asyncio.sleep(0.02)  # polls: the fault may be cleared at run time
-    if faults.first_byte_delay_s > 0 and not session.aborted:
+    if faults.first_byte_delay_s > 0 and not first.aborted:
         await asyncio.sleep(faults.first_byte_delay_s)
-    if session.aborted == "disconnect":
+    if first.aborted == "disconnect":
         return None  # nobody is listening any more
     try:
-        await session.start()
+        await _start(sessions)
     except QueueFull:
-        await render.send_queue_full(send, session.req.stream)
+        await render.send_queue_full(send, first.req.stream)
         return None
-    if session.req.stream:
-        return await StreamWriter(worker, session, send).run()
-    return await _non_stream(worker, session, send)
+    if first.req.stream:
+        return await StreamWriter(worker, sessions, send).run()
+    return await _non_stream(worker, sessions, send)
 
 
-async def _non_stream(worker: Worker, session: Session, send: Send) -> str | None:
-    faults = worker.faults
-    if faults.inband_error_after_chunks is not None:
-        session.finish("inband_error")
-        await respond_json(send, 503, render.error_body(_INBAND_MESSAGE, "503", 503))
-        return "inband_error"
+async def _start(sessions: list[Session]) -> None:
+    """Admission and prefill of every choice; when one finds the queue full, the others are
+    aborted (those already admitted leave an aborted record) and ``QueueFull`` is raised."""
+    if len(sessions) == 1:
+        await sessions[0].start()
+        return
+    tasks = [asyncio.ensure_future(s.start()) for s in sessions]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for session in sessions:
+            session.active.abort("abort")
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _collect(session: Session) -> tuple[str, str, str, list[TokenLogprob]]:
     reasoning: list[str] = []
     content: list[str] = []
     arguments: list[str] = []
+    lps: list[TokenLogprob] = []
     async for step in session.steps():
         reasoning.append(step.reasoning)
         content.append(step.content)
         arguments.extend(d.arguments for d in step.tool_deltas)
+        lps.extend(step.logprobs)
+    return "".join(reasoning), "".join(content), "".join(arguments), lps
+
+
+async def _non_stream(worker: Worker, sessions: list[Session], send: Send) -> str | None:
+    faults = worker.faults
+    if faults.inband_error_after_chunks is not None:
+        for session in sessions:
+            session.finish("inband_error")
+        await respond_json(send, 503, render.error_body(_INBAND_MESSAGE, "503", 503))
+        return "inband_error"
+    outputs = await asyncio.gather(*(_collect(s) for s in sessions))
     if faults.die_after_chunks is not None:
-        await _die(worker, session, send)
-    gen = session.gen
-    use = render.usage(*session.usage_counts())
-    req = session.req
-    if req.kind == "completion":
-        out = render.completion_response(
-            session.rid,
-            session.created,
-            req.model,
-            "".join(content),
-            gen.finish_reason,
-            gen.matched_stop,
-            use,
+        await _die(worker, sessions, send)
+    first = sessions[0]
+    req = first.req
+    use = choices.usage(sessions)
+    picked: list[dict[str, Any]] = []
+    for session, (reasoning, content, arguments, lps) in zip(sessions, outputs, strict=True):
+        gen = session.gen
+        index = session.req.index
+        if req.kind == "completion":
+            lp = logprobs.completion(lps, req.top_logprobs > 0) if req.logprobs else None
+            picked.append(
+                render.completion_choice(index, content, gen.finish_reason, gen.matched_stop, lp)
+            )
+            continue
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning if reasoning else None,
+        }
+        if gen.tool_called is not None and gen.finish_reason == "tool_calls":
+            call_id = f"functions.{gen.tool_called.name}:{req.history_tool_calls}"
+            function = {"name": gen.tool_called.name, "arguments": arguments}
+            message["tool_calls"] = [
+                {"id": call_id, "index": 0, "type": "function", "function": function}
+            ]
+        meta = session.meta_info() if req.return_meta_info else None
+        lp = logprobs.chat(lps) if req.logprobs else None
+        picked.append(
+            render.chat_choice(index, message, gen.finish_reason, gen.matched_stop, meta, lp)
         )
+    respond = render.completion_response if req.kind == "completion" else render.chat_response
+    out = respond(first.rid, first.created, req.model, picked, use)
+    for session in sessions:
         session.finish()  # the record is written before the client sees the response
-        await respond_json(send, 200, out)
-        return None
-    text = "".join(reasoning)
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": "".join(content),
-        "reasoning_content": text if text else None,
-    }
-    if gen.tool_called is not None and gen.finish_reason == "tool_calls":
-        call_id = f"functions.{gen.tool_called.name}:{req.history_tool_calls}"
-        function = {"name": gen.tool_called.name, "arguments": "".join(arguments)}
-        message["tool_calls"] = [
-            {"id": call_id, "index": 0, "type": "function", "function": function}
-        ]
-    meta = session.meta_info() if req.return_meta_info else None
-    out = render.chat_response(
-        session.rid,
-        session.created,
-        req.model,
-        message,
-        gen.finish_reason,
-        gen.matched_stop,
-        use,
-        meta,
-    )
-    session.finish()
     await respond_json(send, 200, out)
     return None
 
 
-async def _die(worker: Worker, session: Session, send: Send) -> None:
+async def _die(worker: Worker, sessions: list[Session], send: Send) -> None:
     """Drop the connection after the response headers (or end the process)."""
     await send({"type": "http.response.start", "status": 200, "headers": []})
-    await die(worker, session)
+    await die(worker, sessions)

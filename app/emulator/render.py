@@ -65,24 +65,34 @@ def usage(
 
 
 class ChatChunks:
-    """Chunk bytes for one chat stream."""
+    """Chunk bytes for one choice of a chat stream (``index``; ``rid`` is its request id)."""
 
-    def __init__(self, rid: str, created: int, model: str, tools_active: bool) -> None:
+    def __init__(
+        self, rid: str, created: int, model: str, tools_active: bool, index: int = 0
+    ) -> None:
         self._head = {"id": rid, "object": "chat.completion.chunk", "created": created}
         self._model = model
         self.tools_active = tools_active
+        self.index = index
 
     def _fast(
-        self, delta: dict[str, Any], finish: str | None, matched: Any, use: dict[str, Any] | None
+        self,
+        delta: dict[str, Any],
+        finish: str | None,
+        matched: Any,
+        use: dict[str, Any] | None,
+        logprobs: dict[str, Any] | None = None,
+        chunk_id: str | None = None,
     ) -> bytes:
         choice = {
-            "index": 0,
+            "index": self.index,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish,
             "matched_stop": matched,
         }
-        chunk = {**self._head, "model": self._model, "choices": [choice]}
+        head = self._head if chunk_id is None else {**self._head, "id": chunk_id}
+        chunk = {**head, "model": self._model, "choices": [choice]}
         if use is not None:
             chunk["usage"] = use
         return sse(chunk)
@@ -90,7 +100,7 @@ class ChatChunks:
     def _full(self, delta: dict[str, Any], use: dict[str, Any] | None) -> bytes:
         full = {"role": None, "content": None, "reasoning_content": None, **delta}
         choice = {
-            "index": 0,
+            "index": self.index,
             "delta": full,
             "logprobs": None,
             "finish_reason": None,
@@ -102,13 +112,22 @@ class ChatChunks:
         delta = {"reasoning_content": None, "role": "assistant", "content": ""}
         return self._fast(delta, None, None, None)
 
-    def reasoning(self, text: str, use: dict[str, Any] | None = None) -> bytes:
-        return self._fast({"reasoning_content": text}, None, None, use)
+    def reasoning(
+        self, text: str, use: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None
+    ) -> bytes:
+        return self._fast({"reasoning_content": text}, None, None, use, logprobs)
 
-    def content(self, text: str, use: dict[str, Any] | None = None) -> bytes:
+    def content(
+        self, text: str, use: dict[str, Any] | None = None, logprobs: dict[str, Any] | None = None
+    ) -> bytes:
+        """A content chunk; with tool parsing active SGLang's parser builds it (no logprobs)."""
         if self.tools_active:
             return self._full({"content": text}, use)
-        return self._fast({"reasoning_content": None, "content": text}, None, None, use)
+        return self._fast({"reasoning_content": None, "content": text}, None, None, use, logprobs)
+
+    def logprobs(self, logprobs: dict[str, Any], use: dict[str, Any] | None = None) -> bytes:
+        """A step's log-probabilities that no text chunk carried (SGLang's flush chunk)."""
+        return self._fast({"reasoning_content": None}, None, None, use, logprobs)
 
     def tool(self, delta: ToolDelta, use: dict[str, Any] | None = None) -> bytes:
         call = {
@@ -119,18 +138,21 @@ class ChatChunks:
         }
         return self._full({"tool_calls": [call]}, use)
 
-    def finish(self, reason: str, matched: int | str | None) -> bytes:
-        return self._fast({"reasoning_content": None}, reason, matched, None)
+    def finish(self, reason: str, matched: int | str | None, chunk_id: str | None = None) -> bytes:
+        """The finish chunk; SGLang sends them after the last output, under that output's id."""
+        return self._fast({"reasoning_content": None}, reason, matched, None, chunk_id=chunk_id)
 
-    def usage(self, use: dict[str, Any]) -> bytes:
-        return sse({**self._head, "model": self._model, "choices": [], "usage": use})
+    def usage(self, use: dict[str, Any], chunk_id: str | None = None) -> bytes:
+        head = self._head if chunk_id is None else {**self._head, "id": chunk_id}
+        return sse({**head, "model": self._model, "choices": [], "usage": use})
 
 
 class CompletionChunks:
-    """Chunk bytes for one text-completion stream."""
+    """Chunk bytes for one choice of a text-completion stream."""
 
-    def __init__(self, rid: str, created: int, model: str) -> None:
+    def __init__(self, rid: str, created: int, model: str, index: int = 0) -> None:
         self._head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        self.index = index
 
     def text(
         self,
@@ -138,72 +160,81 @@ class CompletionChunks:
         finish: str | None = None,
         matched: int | str | None = None,
         use: dict[str, Any] | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> bytes:
         choice = {
-            "index": 0,
+            "index": self.index,
             "text": text,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish,
             "matched_stop": matched,
         }
         return sse({**self._head, "choices": [choice], "usage": use})
 
-    def usage(self, use: dict[str, Any]) -> bytes:
-        return sse({**self._head, "choices": [], "usage": use})
+    def usage(self, use: dict[str, Any], chunk_id: str | None = None) -> bytes:
+        head = self._head if chunk_id is None else {**self._head, "id": chunk_id}
+        return sse({**head, "choices": [], "usage": use})
 
 
-def chat_response(
-    rid: str,
-    created: int,
-    model: str,
+def chat_choice(
+    index: int,
     message: dict[str, Any],
     finish: str | None,
     matched: int | str | None,
-    use: dict[str, Any],
-    meta_info: dict[str, Any] | None,
+    meta_info: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "message": message,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish,
         "matched_stop": matched,
     }
     if meta_info is not None:
         choice["meta_info"] = meta_info
+    return choice
+
+
+def chat_response(
+    rid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": use,
         "metadata": {"weight_version": "default"},
     }
 
 
-def completion_response(
-    rid: str,
-    created: int,
-    model: str,
+def completion_choice(
+    index: int,
     text: str,
     finish: str | None,
     matched: int | str | None,
-    use: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    choice = {
-        "index": 0,
+    return {
+        "index": index,
         "text": text,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish,
         "matched_stop": matched,
     }
+
+
+def completion_response(
+    rid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": use,
         "metadata": {"weight_version": "default"},
     }

@@ -80,22 +80,13 @@ class ReplayBook:
                 "content": "".join(s.content for s in steps),
                 "reasoning_content": "".join(s.reasoning for s in steps) or None,
             }
-            body = render.chat_response(
-                _PLACEHOLDER,
-                created,
-                model,
-                message,
-                gen.finish_reason,
-                gen.matched_stop,
-                use,
-                None,
-            )
+            choice = render.chat_choice(0, message, gen.finish_reason, gen.matched_stop)
+            body = render.chat_response(_PLACEHOLDER, created, model, [choice], use)
             chunks.append(orjson.dumps(body))
         elif not stream:
             text = "".join(s.content for s in steps)
-            body = render.completion_response(
-                _PLACEHOLDER, created, model, text, gen.finish_reason, gen.matched_stop, use
-            )
+            choice = render.completion_choice(0, text, gen.finish_reason, gen.matched_stop)
+            body = render.completion_response(_PLACEHOLDER, created, model, [choice], use)
             chunks.append(orjson.dumps(body))
         elif kind == "chat":
             chat = render.ChatChunks(_PLACEHOLDER, created, model, tools_active=False)

@@ -1,16 +1,41 @@
 """The request fields the emulated worker reads, validated the way SGLang answers (400 bodies).
 
 Bodies are read as plain JSON (no pydantic on the hot path). Rules that differ from a real worker
-are documented here: an unset ``temperature`` counts as greedy (0) for the acceptance model; ``n``
-other than 1 is rejected; grammar-constrained output (``response_format`` json_schema/regex/
-structural_tag, or ``regex``/``json_schema``/``ebnf`` fields) is rejected as under DFLASH.
-Prompt tokens are estimated as one token per 4 characters of the rendered prompt.
+are documented here: an unset ``temperature`` counts as greedy (0) for the acceptance model;
+``structural_tag`` constraints are refused (SGLang serves them, also under DFLASH). Prompt tokens
+are estimated as one token per 4 characters of the rendered prompt.
+
+What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
+
+* ``n`` > 1 (chat and text completions, streamed or not) and a batch of prompts (text
+  completions: a list of strings or of token-id lists) become one generation per (prompt, sample),
+  in prompt-major order: choice ``index = prompt * n + sample`` (``managers/tokenizer_manager.py``
+  ``_handle_batch_request``). Request ids: a single request keeps ``rid``; a batch without
+  parallel sampling gets ``f"{rid}_{i}"`` or the i-th of a ``rid`` list (``managers/io_struct.py``
+  ``GenerateReqInput._normalize_rid``); parallel samples always get fresh ids
+  (``regenerate_rid``), so an abort by the caller's rid prefix does not reach them.
+* ``response_format`` ``json_schema`` / ``json_object`` and the ``json_schema``, ``regex`` and
+  ``ebnf`` fields are served (after the reasoning: ``constrained/reasoner_grammar_backend.py``
+  ``ReasonerGrammarObject`` defers a grammar to the end of the reasoning):
+  DFLASH verifies drafts under the grammar mask (``speculative/dflash_worker_v2.py``: ``GrammarTree
+  .from_linear_chain`` and ``build_grammar_vocab_mask`` in the verify step; ``speculative/
+  spec_info.py`` ``supports_grammar_overlap`` is true for the DFLASH family). A ``json_schema``
+  format without ``schema`` is refused with SGLang's message (``serving_chat.py``
+  ``_validate_request``).
+* ``logprobs``/``top_logprobs`` (chat) and ``logprobs`` (text completions) are served: the DFLASH
+  verify step computes them (``compute_spec_logprobs`` in ``dflash_worker_v2.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+import orjson
+
+from app.emulator.grammar import GrammarError, ebnf_text, regex_text
 
 CHARS_PER_TOKEN = 4
 # SGLang echoes the request's ``model``; a request without one is answered as "default".
@@ -53,6 +78,19 @@ class GenRequest:
     history_tool_calls: int = 0
     return_meta_info: bool = False
     ignore_eos: bool = False
+    n: int = 1
+    index: int = 0  # the choice this generation answers (``prompt * n + sample``)
+    prompts: tuple[str, ...] = ()  # a text-completion batch (``prompt`` is the first)
+    rids: tuple[str, ...] | None = None  # a batch's own ``rid`` list
+    logprobs: bool = False
+    top_logprobs: int = 0
+    json_schema: dict[str, Any] | None = None  # the answer is JSON valid against it
+    regex: str | None = None  # the answer matches it
+    ebnf: str | None = None  # the answer is a sentence of this grammar
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
 
     @property
     def prompt_tokens(self) -> int:
@@ -70,13 +108,10 @@ def _text_of(content: Any) -> str:
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
     n = body.get("n", 1)
-    if n != 1:
-        raise RequestError(f"n={n} is not supported by this worker; only n=1 is served.")
-    if "regex" in body or "json_schema" in body or "ebnf" in body:
-        raise RequestError(_GRAMMAR_MESSAGE)
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "regex", "structural_tag"):
-        raise RequestError(_GRAMMAR_MESSAGE)
+    if n is None:
+        n = 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise RequestError("n must be a positive integer.")
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
@@ -93,8 +128,11 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         raise RequestError("temperature must be a number.")
     seed = body.get("seed")
     rid = body.get("rid")
-    if rid is not None and not isinstance(rid, str):
-        raise RequestError("rid must be a string (n=1).")
+    rids: tuple[str, ...] | None = None
+    if isinstance(rid, list) and all(isinstance(r, str) for r in rid):
+        rids, rid = tuple(rid), None
+    elif rid is not None and not isinstance(rid, str):
+        raise RequestError("The rid should be a string or a list of strings.")
     options = body.get("stream_options") or {}
     stream = bool(body.get("stream", False))
     return {
@@ -108,12 +146,59 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "temperature": float(temperature or 0.0),
         "seed": seed if isinstance(seed, int) else None,
         "ignore_eos": bool(body.get("ignore_eos", False)),
+        "n": n,
+        "rids": rids,
+        "json_schema": _json_schema(body),
+        "regex": _grammar(body, "regex", regex_text),
+        "ebnf": _grammar(body, "ebnf", ebnf_text),
     }
 
 
+def _grammar(body: dict[str, Any], name: str, check: Callable[[str, random.Random], str]) -> Any:
+    """A ``regex``/``ebnf`` field, checked by generating from it once (a bad one is a 400)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"{name} must be a non-empty string.")
+    try:
+        check(value, random.Random(0))
+    except GrammarError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError(f"The {name} grammar nests too deeply.") from None
+    return value
+
+
+def _json_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema the answer must follow (``response_format`` json_schema/json_object, or
+    the ``json_schema`` field as a string); None when unconstrained. ``structural_tag``: 400."""
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_schema":
+        assert isinstance(fmt, dict)
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise RequestError("schema_ is required for json_schema response format request.")
+        return schema
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind is not None and kind != "text":
+        raise RequestError(_GRAMMAR_MESSAGE)
+    raw = body.get("json_schema")
+    if isinstance(raw, str) and raw:
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise RequestError("json_schema must be a JSON schema (a JSON string).") from None
+        return parsed if isinstance(parsed, dict) else {}
+    return None
+
+
 _GRAMMAR_MESSAGE = (
-    "Grammar-constrained decoding (json_schema/regex/ebnf/structural_tag) is not supported "
-    "with DFLASH speculative decoding."
+    "This emulated worker does not generate structural_tag output (json_schema, json_object, "
+    "regex and ebnf are served)."
 )
 
 
@@ -161,23 +246,72 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
         tool_choice=tool_choice,
         history_tool_calls=history_calls,
         return_meta_info=bool(body.get("return_meta_info", False)),
+        logprobs=body.get("logprobs") is True,
+        top_logprobs=_count(body.get("top_logprobs")),
         **_common(body),
     )
 
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt):
-        # A batch of prompts (strings or token-id arrays); a flat int array is ONE prompt.
-        if len(prompt) != 1:
-            raise RequestError("Only a single prompt is supported by this worker.")
-        prompt = prompt[0]
-    if not prompt:
+    raw = body.get("prompt")
+    if not raw or (isinstance(raw, list) and all(not p for p in raw)):
         raise RequestError("Prompt cannot be empty")
-    if not isinstance(prompt, (str, list)):
+    if isinstance(raw, str) or (isinstance(raw, list) and all(_is_int(t) for t in raw)):
+        batch = [raw]  # a flat token-id array is ONE prompt
+    elif isinstance(raw, list) and all(_is_prompt(p) for p in raw):
+        batch = list(raw)
+    else:
         raise RequestError("The prompt must be a string, an array of strings or of token ids.")
-    text = prompt if isinstance(prompt, str) else " ".join(str(t) for t in prompt)
-    return GenRequest(kind="completion", prompt=text, last_user=text, **_common(body))
+    texts = tuple(p if isinstance(p, str) else " ".join(str(t) for t in p) for p in batch)
+    logprobs = body.get("logprobs")
+    return GenRequest(
+        kind="completion",
+        prompt=texts[0],
+        last_user=texts[0],
+        prompts=texts if len(texts) > 1 else (),
+        logprobs=_is_int(logprobs),
+        top_logprobs=_count(logprobs),
+        **_common(body),
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_prompt(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(value)
+    return isinstance(value, list) and bool(value) and all(_is_int(t) for t in value)
+
+
+_MAX_TOP_LOGPROBS = 64  # beyond this the emulator lists only 64 alternatives
+
+
+def _count(value: Any) -> int:
+    return max(0, min(value, _MAX_TOP_LOGPROBS)) if _is_int(value) else 0
+
+
+def expand(req: GenRequest) -> list[GenRequest]:
+    """One generation per (prompt, sample), prompt-major, with SGLang's request ids."""
+    prompts = req.prompts or (req.prompt,)
+    if req.rids is not None and len(req.rids) != len(prompts):
+        raise RequestError(
+            "The specified rids length mismatch with the batch_size for batch processing."
+        )
+    if len(prompts) == 1 and req.n == 1:
+        return [replace(req, rid=req.rids[0] if req.rids else req.rid)]
+    out = []
+    for i, prompt in enumerate(prompts):
+        rid: str | None = None
+        if req.n == 1 and req.rids is not None:
+            rid = req.rids[i]
+        elif req.n == 1 and req.rid is not None:
+            rid = f"{req.rid}_{i}"
+        for j in range(req.n):
+            index = i * req.n + j
+            out.append(replace(req, prompt=prompt, last_user=prompt, index=index, rid=rid))
+    return out
 
 
 def _tools(raw: Any) -> tuple[Tool, ...]:

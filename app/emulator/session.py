@@ -197,6 +197,7 @@ class Session:
                 "rid": self.rid,
                 "request_id": self.request_id,
                 "kind": self.req.kind,
+                "index": self.req.index,
                 "profile": self.profile,
                 "stream": self.req.stream,
                 "steps": steps,

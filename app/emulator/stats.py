@@ -1,6 +1,9 @@
 """Ground truth: one record per finished request, totals, and the ``--stats-file`` JSONL copy.
 
-A record: ``rid, request_id (the X-Request-Id header, if any), kind, profile, stream, steps,
+One record per generation: a request with several choices (``n``, a batch of prompts) leaves one
+per choice, each with its own rid and its choice ``index``.
+
+A record: ``rid, request_id (the X-Request-Id header, if any), kind, index, profile, stream, steps,
 tokens_per_step, completion_tokens, reasoning_tokens, prompt_tokens, cached_tokens, prefill_s (the
 modelled prefill time, shortened by cached tokens), spec_accept_length, finish_reason, aborted
 (null | "abort" | "disconnect"), error (null | fault name), chunks_sent, started, first_token,

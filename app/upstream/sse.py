@@ -18,12 +18,12 @@ chat streams (``overhead`` = 2 per choice; text completions carry the finish on 
 chunk: 0). So ``verify_steps = data events before the usage chunk - overhead`` and
 ``accept_length = completion_tokens / verify_steps``. Two rare cases cancel in part: a step that
 crosses from reasoning to content sends two chunks, a step of only hidden tokens (``</think>``,
-tool-call markers, the stop token alone) sends none; a tool-call step may send two (name, then
-arguments). Over hundreds of steps these are well under 1 %; a stream of only a few steps (a bare
-tool call without reasoning) is off by up to a step per request, which averages out in the
-token-weighted fleet figure but not in its own per-request value. Events are counted with
-``bytes.count`` on whole reads; SSE lines start after a raw newline, which JSON strings never
-contain.
+tool-call markers, the stop token alone) sends none (with ``logprobs`` it sends one, carrying the
+step's log-probabilities); a tool-call step may send two (name, then arguments). Over hundreds of
+steps these are well under 1 %; a stream of only a few steps (a bare tool call without reasoning) is
+off by up to a step per request, which averages out in the token-weighted fleet figure but not in
+its own per-request value. Events are counted with ``bytes.count`` on whole reads; SSE lines start
+after a raw newline, which JSON strings never contain.
 
 Events split across reads are held until their blank line (``\\n\\n`` or ``\\r\\n\\r\\n``) arrives
 (an incomplete SSE event is useless to a client anyway); whole events are never held. The end of

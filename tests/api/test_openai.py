@@ -76,6 +76,39 @@ async def test_models_lists_pool_models_and_aliases() -> None:
     assert data[1]["root"] == MODEL
 
 
+async def test_retrieve_model_by_name_and_alias() -> None:
+    async with GatewayHarness([FakeWorker()]) as gw:
+        listed = (await gw.request("GET", "/v1/models")).json()["data"]
+        full = await gw.request("GET", f"/v1/models/{MODEL}")
+        alias = await gw.request("GET", "/v1/models/kimi-k2.5")
+        unknown = await gw.request("GET", "/v1/models/gpt-9")
+        schema = (await gw.request("GET", "/openapi.json")).json()
+    assert full.status == 200 and alias.status == 200
+    assert [full.json(), alias.json()] == listed  # the cards /v1/models lists
+    assert alias.json()["root"] == MODEL
+    assert unknown.status == 404
+    err = _error(unknown)
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert err["type"] == "invalid_request_error"
+    assert "gpt-9" in str(err["message"])
+    assert "/v1/models/{model}" in schema["paths"]
+
+
+async def test_retrieve_model_needs_a_key_like_the_list() -> None:
+    secret = "sk-retrieve-0123456789"
+    async with GatewayHarness([FakeWorker()], api_keys=[f"team:{secret}"]) as gw:
+        missing = await gw.request("GET", f"/v1/models/{MODEL}")
+        wrong = await gw.request(
+            "GET", "/v1/models/gpt-9", headers={"authorization": "Bearer sk-wrong-0123456789"}
+        )
+        ok = await gw.request(
+            "GET", f"/v1/models/{MODEL}", headers={"authorization": f"Bearer {secret}"}
+        )
+    assert missing.status == 401 and wrong.status == 401  # auth before existence: no probing
+    assert _error(missing)["code"] == "invalid_api_key"
+    assert ok.status == 200 and ok.json()["id"] == MODEL
+
+
 async def test_unknown_v1_route_is_openai_404() -> None:
     async with GatewayHarness([FakeWorker()]) as gw:
         ex = await gw.request("GET", "/v1/embeddings-nope")

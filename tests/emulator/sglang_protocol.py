@@ -36,7 +36,10 @@ def _load(name: str, path: Path) -> types.ModuleType:
 
 
 def load() -> tuple[types.ModuleType, types.ModuleType]:
-    """``(protocol, sse_utils)`` from the installed sglang wheel."""
+    """``(protocol, sse_utils)`` from the installed sglang wheel (loaded once per process)."""
+    leaves = ("sglang.srt.entrypoints.openai.protocol", "sglang.srt.entrypoints.openai.sse_utils")
+    if all(name in sys.modules for name in leaves):
+        return sys.modules[leaves[0]], sys.modules[leaves[1]]
     root = _package_dir()
     for name in _PARENTS:
         if name not in sys.modules:

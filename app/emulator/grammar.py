@@ -1,0 +1,202 @@
+"""Text a ``regex`` or an ``ebnf`` grammar accepts: the answer of a grammar-constrained request.
+
+Regular expressions are read with the standard library's own parser (``re._parser``, the one
+module here that touches it; Python 3.11-3.13 keep its shape) and walked: a branch and a
+repetition count are drawn from the caller's ``random``, character classes give their first
+allowed characters, back-references repeat their group. EBNF is the GBNF dialect SGLang's
+xgrammar backend takes: ``name ::= ...`` rules from ``root``, ``"literals"``, ``[classes]``,
+``( )``, ``|``, ``* + ?`` and ``{m,n}``; past a nesting depth the shortest alternatives are taken,
+so recursive grammars end. A pattern this cannot read is a ``GrammarError`` (400).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+import string
+from typing import Any
+
+# The standard library's regex parser and its opcodes (no type stubs; typed as Any here).
+sre_parse: Any = importlib.import_module("re._parser")
+sre: Any = importlib.import_module("re._constants")
+
+_POOL = string.ascii_lowercase + string.digits + " "
+_CATEGORY = {
+    sre.CATEGORY_DIGIT: string.digits,
+    sre.CATEGORY_NOT_DIGIT: string.ascii_lowercase,
+    sre.CATEGORY_SPACE: " ",
+    sre.CATEGORY_NOT_SPACE: string.ascii_lowercase,
+    sre.CATEGORY_WORD: string.ascii_lowercase,
+    sre.CATEGORY_NOT_WORD: " ",
+}
+_MAX_DEPTH = 24
+
+
+class GrammarError(ValueError):
+    pass
+
+
+def regex_text(pattern: str, rng: random.Random) -> str:
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:
+        raise GrammarError(f"Invalid regex: {exc}") from None
+    groups: dict[int, str] = {}
+    return _walk(list(parsed), rng, groups)
+
+
+def _walk(items: list[Any], rng: random.Random, groups: dict[int, str]) -> str:
+    out: list[str] = []
+    for op, av in items:
+        if op is sre.LITERAL:
+            out.append(chr(av))
+        elif op is sre.NOT_LITERAL:
+            out.append("a" if av != ord("a") else "b")
+        elif op is sre.ANY:
+            out.append(rng.choice(string.ascii_lowercase))
+        elif op is sre.IN:
+            out.append(_in(av, rng))
+        elif op is sre.BRANCH:
+            out.append(_walk(list(rng.choice(av[1])), rng, groups))
+        elif op is sre.SUBPATTERN:
+            text = _walk(list(av[-1]), rng, groups)
+            if av[0] is not None:
+                groups[av[0]] = text
+            out.append(text)
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            low, high, sub = av
+            count = low + rng.randint(0, 2) if low < 3 else low
+            count = min(count, high)
+            out.extend(_walk(list(sub), rng, groups) for _ in range(count))
+        elif op is sre.GROUPREF:
+            out.append(groups.get(av, ""))
+        elif op is sre.CATEGORY:
+            out.append(rng.choice(_CATEGORY.get(av, "a")))
+        elif op is sre.ATOMIC_GROUP:
+            out.append(_walk(list(av), rng, groups))
+        # AT (anchors) and look-around assertions produce no text
+    return "".join(out)
+
+
+def _in(items: list[Any], rng: random.Random) -> str:
+    negate = any(op is sre.NEGATE for op, _ in items)
+    allowed: list[str] = []
+    for op, av in items:
+        if op is sre.LITERAL:
+            allowed.append(chr(av))
+        elif op is sre.RANGE:
+            allowed.extend(chr(c) for c in range(av[0], min(av[1], av[0] + 25) + 1))
+        elif op is sre.CATEGORY:
+            allowed.extend(_CATEGORY.get(av, "a"))
+    if negate:
+        return next((c for c in _POOL if c not in allowed), "~")
+    return rng.choice(allowed) if allowed else "a"
+
+
+_TOKEN = re.compile(
+    r"\s+|#[^\n]*|(?P<rule>[A-Za-z_][\w-]*\s*::=)|(?P<name>[A-Za-z_][\w-]*)"
+    r'|(?P<str>"(?:\\.|[^"\\])*")|(?P<cls>\[(?:\\.|[^\]\\])*\])'
+    r"|(?P<rep>\{\s*\d+\s*(?:,\s*\d*\s*)?\})|(?P<op>[()|*+?])"
+)
+
+
+def ebnf_text(grammar: str, rng: random.Random) -> str:
+    rules: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    pos = 0
+    while pos < len(grammar):
+        match = _TOKEN.match(grammar, pos)
+        if match is None:
+            raise GrammarError(f"Invalid EBNF grammar near {grammar[pos : pos + 20]!r}")
+        pos = match.end()
+        kind = match.lastgroup
+        if kind is None:
+            continue
+        if kind == "rule":
+            current = rules.setdefault(match.group()[:-3].strip(), [])
+        elif current is None:
+            raise GrammarError("An EBNF grammar starts with a rule: name ::= ...")
+        else:
+            current.append((kind, match.group()))
+    if "root" not in rules:
+        raise GrammarError("The EBNF grammar has no root rule.")
+    return _Expander(rules, rng).rule("root", 0)
+
+
+class _Expander:
+    def __init__(self, rules: dict[str, list[tuple[str, str]]], rng: random.Random) -> None:
+        self._rules = rules
+        self._rng = rng
+
+    def rule(self, name: str, depth: int) -> str:
+        tokens = self._rules.get(name)
+        if tokens is None:
+            raise GrammarError(f"The EBNF grammar uses an undefined rule: {name}")
+        text, _ = self._alternatives(tokens, 0, depth)
+        return text
+
+    def _alternatives(self, tokens: list[tuple[str, str]], at: int, depth: int) -> tuple[str, int]:
+        branches: list[list[tuple[str, str]]] = [[]]
+        level = 0
+        while at < len(tokens):
+            kind, value = tokens[at]
+            if kind == "op" and value == ")" and level == 0:
+                break
+            if kind == "op" and value == "|" and level == 0:
+                branches.append([])
+            else:
+                level += (value == "(") - (value == ")") if kind == "op" else 0
+                branches[-1].append((kind, value))
+            at += 1
+        if depth > _MAX_DEPTH:
+            branch = min(branches, key=lambda b: sum(k == "name" for k, _ in b))
+        else:
+            branch = self._rng.choice(branches)
+        return self._sequence(branch, depth), at
+
+    def _sequence(self, tokens: list[tuple[str, str]], depth: int) -> str:
+        out: list[str] = []
+        at = 0
+        while at < len(tokens):
+            kind, value = tokens[at]
+            group = kind == "op" and value == "("
+            start = at
+            at = self._alternatives(tokens, at + 1, depth + 1)[1] + 1 if group else at + 1
+            low, high = 1, 1
+            if at < len(tokens) and (tokens[at][0] == "rep" or tokens[at][1] in ("*", "+", "?")):
+                low, high = _bounds(tokens[at][1])
+                at += 1
+            count = low if depth > _MAX_DEPTH else min(high, low + self._rng.randint(0, 2))
+            for _ in range(count):
+                if group:
+                    out.append(self._alternatives(tokens, start + 1, depth + 1)[0])
+                else:
+                    out.append(self._atom(kind, value, depth))
+        return "".join(out)
+
+    def _atom(self, kind: str, value: str, depth: int) -> str:
+        if kind == "str":
+            return str(_unescape(value[1:-1]))
+        if kind == "cls":
+            return regex_text(value, self._rng)
+        if kind == "name":
+            return self.rule(value, depth + 1)
+        raise GrammarError(f"Unexpected {value!r} in the EBNF grammar")
+
+
+def _bounds(op: str) -> tuple[int, int]:
+    if op == "*":
+        return 0, 3
+    if op == "+":
+        return 1, 3
+    if op == "?":
+        return 0, 1
+    low, _, high = op.strip("{} ").partition(",")
+    if not _:
+        return int(low), int(low)
+    return int(low), int(high) if high.strip() else int(low) + 2
+
+
+def _unescape(text: str) -> str:
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
