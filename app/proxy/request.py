@@ -318,17 +318,20 @@ def _patch_max_tokens(
 
 
 def _choices(body: Any, route: Route, max_n: int) -> int:
-    """``n`` (1 unless a positive integer; the worker refuses other values); ``n`` and
-    ``best_of`` above ``max_n`` are refused."""
+    """``n`` (1 when absent or null); ``n`` and ``best_of`` must be JSON integers from 1 to
+    ``max_n``: anything else is refused here, since the worker's validation would read
+    ``100.0`` or ``"100"`` as 100 and so get past the bound."""
     choices = 1
     for name in ("n", "best_of") if route is Route.COMPLETIONS else ("n",):
         value = getattr(body, name)
-        if not value:
+        if not value or bytes(value) == b"null":
             continue
         try:
             number = _INT.decode(value)
         except msgspec.ValidationError:
-            continue
+            raise _fail(f"{name}: must be an integer from 1 to {max_n}", name) from None
+        if number < 1:
+            raise _fail(f"{name}: must be an integer from 1 to {max_n}", name)
         if number > max_n:
             raise _fail(f"{name}: at most {max_n} choices per request", name)
         if name == "n" and number >= 1:

@@ -81,7 +81,7 @@ def test_meta_info_is_asked_for_non_streamed_chat_only() -> None:
     assert sent(b'{"model":"m","messages":[{}],"return_meta_info":false}')["return_meta_info"]
     asked = parse(b'{"model":"m","messages":[{}],"return_meta_info":true,"n":3}')
     assert asked.client_wants_meta_info and asked.choices == 3
-    default = parse(b'{"model":"m","messages":[{}],"n":"x"}')
+    default = parse(b'{"model":"m","messages":[{}],"n":null}')
     assert not default.client_wants_meta_info and default.choices == 1
 
 
@@ -121,6 +121,17 @@ def test_n_is_bounded() -> None:
     assert err.param == "best_of"
     batch = b'{"model":"m","prompt":["a","b","c"]}'
     assert refused(batch, Route.COMPLETIONS, max_n=2).param == "prompt"
+
+
+@pytest.mark.parametrize(
+    "value", [b"100.0", b'"100"', b"1e2", b"99999999999999999999", b"0", b"-1"]
+)
+def test_n_that_is_not_a_plain_positive_integer_is_refused(value: bytes) -> None:
+    """A worker reads 100.0 or "100" as 100: anything but a JSON integer would get past max_n."""
+    err = refused(b'{"model":"m","messages":[{}],"n":%s}' % value)
+    assert err.param == "n" and err.status == 400
+    err = refused(b'{"model":"m","prompt":"x","best_of":%s}' % value, Route.COMPLETIONS)
+    assert err.param == "best_of"
 
 
 @pytest.mark.parametrize("name", sorted(DENIED))
