@@ -105,6 +105,8 @@ class TimeoutConfig(_Section):
 
 class LimitsConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # A worker's non-streamed answer is read whole before it is relayed; a larger one is a 502.
+    max_response_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     # Request line + headers, counted as they arrive; more is answered 431 and the connection
     # closed.
     max_header_bytes: int = Field(64 * 1024, ge=1024)

@@ -292,7 +292,13 @@ class Proxy:
                     await relay_stream(attempt, down, request, expose=expose)
                     record.status = 200
                 else:
-                    await relay_whole(attempt, down, request, expose=expose)
+                    await relay_whole(
+                        attempt,
+                        down,
+                        request,
+                        limit=self._settings.limits.max_response_bytes,
+                        expose=expose,
+                    )
                     record.status = attempt.status_code
             record.outcome = Outcome.UPSTREAM_ERROR if attempt.tally.inband_error else Outcome.OK
         finally:

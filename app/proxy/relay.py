@@ -102,14 +102,20 @@ async def relay_stream(
 
 
 async def relay_whole(
-    attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
+    attempt: Attempt,
+    down: Downstream,
+    request: ParsedRequest,
+    *,
+    limit: int,
+    expose: bool = False,
 ) -> None:
     """Relay a non-streamed response: the worker's bytes, read whole, sent as they are (less the
     ``meta_info`` the gateway asked for) as ``application/json``; a body that is not a JSON
-    object is the worker's failure. ``expose``: the exact acceptance length as a header."""
+    object, or one over ``limit`` bytes, is the worker's failure. ``expose``: the exact
+    acceptance length as a header."""
     response = _response(attempt)
     try:
-        body = await response.aread()
+        body = await response.aread(limit)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
     try:

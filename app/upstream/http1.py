@@ -117,10 +117,10 @@ class Http1Response:
                 if conn.body and sink(conn.take()):
                     conn.pause()
                     continue
+                if conn.error is not None:  # before complete: the sink may fail on the last read
+                    self._fail(conn.error)
                 if conn.complete:
                     break
-                if conn.error is not None:
-                    self._fail(conn.error)
                 if not conn.paused:
                     await self._wait(conn)
         except BaseException:

@@ -152,7 +152,7 @@ class SSEObserver:
         at = chunk.find(_DONE)
         if at >= 0 and _done_at(chunk, at, 0):
             self.done = True
-        elif b'{"error"' in chunk:
+        if b'{"error"' in chunk:  # SGLang sends an error event and [DONE] back to back
             self.inband_error = True
         return chunk
 
@@ -182,6 +182,8 @@ class SSEObserver:
         done = chunk.find(_DONE)
         if done >= 0 and _done_at(chunk, done, 0):
             self.done = True
+        if b'{"error"' in event:  # a later event of this read (the first one is not an error)
+            self.inband_error = True
         return chunk
 
     def _usage(self, chunk: bytes) -> bytes:

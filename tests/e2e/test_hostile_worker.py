@@ -92,6 +92,8 @@ SCENARIOS: dict[str, Callable[[str], bytes]] = {
         b"<html>" + tag.encode() + b"</html>", content_type=b"text/html"
     ),
     "toolong": lambda tag: response(SGLANG_TOO_LONG, status=b"400 Bad Request"),
+    # Over the gateway's limits.max_response_bytes (1 MiB in this module).
+    "huge": lambda tag: response(b'{"pad":"' + b"a" * (2 * 1024 * 1024) + b'"}'),
     "done-in-text": lambda tag: stream(sse_event(tag), sse_event("data: [DONE]")),
 }
 
@@ -164,7 +166,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     with FakeWorker() as worker:
         try:
             # Every answer here is the worker's fault: keep its breaker closed for the next test.
-            env = {"DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000"}
+            env = {
+                "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
+                "DFLASH_GATEWAY_LIMITS__MAX_RESPONSE_BYTES": str(1024 * 1024),
+            }
             yield gateway(manager, [worker.url], env=env)
         except BaseException:
             for chunk in manager.dump_logs():
@@ -189,7 +194,7 @@ def content_of(response: httpx.Response) -> str:
     return response.json()["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("scenario", ["stray", "upgrade", "bighead", "short", "notjson"])
+@pytest.mark.parametrize("scenario", ["stray", "upgrade", "bighead", "short", "notjson", "huge"])
 def test_a_bad_answer_is_a_clean_502_and_the_next_client_gets_its_own(
     gw: ManagedProcess, scenario: str
 ) -> None:

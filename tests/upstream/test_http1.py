@@ -428,6 +428,37 @@ async def test_pump_raises_what_the_sink_raised_and_drops_the_connection(
     assert client.idle_connections("127.0.0.1", server.port) == 0
 
 
+async def test_pump_raises_a_sink_failure_on_the_read_that_ends_the_body(
+    serve: Start, client: Http1Client
+) -> None:
+    """The last event and the end of the body in one read: the sink's failure there must not
+    pass for a body relayed to the end (that event never reached the client)."""
+
+    def make(server: Server) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.write(SSE_HEAD + b"9\r\ndata: 1\n\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"c\r\ndata: last\n\n\r\n0\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.5)
+
+        return handle
+
+    server = await serve(make)
+    response = await client.request("127.0.0.1", server.port, post(server.port))
+
+    def sink(data: bytes) -> bool:
+        if b"last" in data:
+            raise RuntimeError("client gone")
+        return False
+
+    with pytest.raises(RuntimeError, match="client gone"):
+        await response.pump(sink, _never_called)
+    assert client.idle_connections("127.0.0.1", server.port) == 0
+
+
 # Through UpstreamClient: the request head it writes and its errors in the gateway's terms.
 
 

@@ -9,6 +9,7 @@ ROLE = b'data: {"id":"a","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n
 TEXT = b'data: {"id":"a","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = b'data: {"id":"a","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
 DONE = b"data: [DONE]\n\n"
+ERR = b'data: {"error": {"message": "aborted", "code": 503}}\n\n'
 
 
 def relay(obs: SSEObserver, chunks: list[bytes]) -> bytes:
@@ -69,6 +70,16 @@ def test_inband_error_after_commit_is_relayed_and_noted() -> None:
     obs = SSEObserver(drop_usage=False)
     err = b'data: {"error": {"message": "aborted", "code": 503}}\n\n'
     assert relay(obs, [ROLE, err, DONE]) == ROLE + err + DONE
+    assert obs.inband_error and obs.done
+
+
+@pytest.mark.parametrize(
+    "reads", [[ROLE, ERR + DONE], [ROLE + TEXT, ERR + DONE], [ROLE + ERR + DONE]]
+)
+def test_inband_error_read_together_with_done_is_noted(reads: list[bytes]) -> None:
+    """SGLang writes its error event and [DONE] back to back: usually one read."""
+    obs = SSEObserver(drop_usage=False)
+    assert relay(obs, reads) == b"".join(reads)
     assert obs.inband_error and obs.done
 
 
