@@ -3,9 +3,10 @@ case; ``app.main.GatewayApp`` serves their POSTs itself (``app.anthropic.serve``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from app.anthropic import serve as lane
@@ -30,6 +31,34 @@ _ANSWER: dict[int | str, dict[str, Any]] = {
         },
     }
 }
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+_WHY = {
+    400: "invalid request (invalid_request_error)",
+    401: "missing, wrong or revoked API key (authentication_error)",
+    404: "unknown model (not_found_error)",
+    408: "the request was sent too slowly",
+    413: "body too large (request_too_large)",
+    415: "the body is not JSON (Content-Type must be application/json) or is encoded",
+    429: "per-key rate or concurrency limit (rate_limit_error; see Retry-After)",
+    500: "internal error (api_error)",
+    502: "a worker failed (api_error)",
+    503: "no worker can take the request now (overloaded_error; see Retry-After)",
+    504: "a worker did not answer in time (timeout_error)",
+}
+_ANSWER.update(
+    {status: {"model": AnthropicError, "description": why} for status, why in _WHY.items()}
+)
 
 
 class MessagesResponse(Response):
