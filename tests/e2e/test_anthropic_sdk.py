@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.e2e.conftest import emulator, gateway
+from tests.e2e.conftest import Stack, emulator, gateway
 from tests.support.procs import ManagedProcess, ProcessManager
 
 MODEL = "moonshotai/Kimi-K2.5"
@@ -30,17 +30,25 @@ WEATHER: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     manager = ProcessManager(Path(tmp_path_factory.mktemp("anthropic")))
+    env = {"DFLASH_GATEWAY_API_KEYS": KEY, "DFLASH_GATEWAY_TIMEOUTS__KEEPALIVE_S": "0.2"}
     try:
         emus = [emulator(manager, "emu-a"), emulator(manager, "emu-b")]
-        yield gateway(manager, emus, env={"DFLASH_GATEWAY_API_KEYS": KEY})
+        yield Stack(gateway(manager, emus, env=env), emus)
     except BaseException:
         for chunk in manager.dump_logs():
             print(chunk)
         raise
     finally:
         manager.stop_all()
+
+
+@pytest.fixture
+def gw(stack: Stack) -> Iterator[ManagedProcess]:
+    stack.reset()
+    yield stack.gw
+    stack.reset()
 
 
 @pytest.fixture
@@ -107,9 +115,7 @@ def test_stream_text_and_final_message(client: anthropic.Anthropic) -> None:
 
 def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
     messages: list[Any] = [{"role": "user", "content": "Use get_weather for Paris."}]
-    first = client.messages.create(
-        model=MODEL, max_tokens=4000, tools=[WEATHER], messages=messages
-    )
+    first = client.messages.create(model=MODEL, max_tokens=4000, tools=[WEATHER], messages=messages)
     assert first.stop_reason == "tool_use"
     call = next(block for block in first.content if block.type == "tool_use")
     assert call.name == "get_weather"
@@ -192,9 +198,11 @@ def test_errors_in_anthropic_shape(client: anthropic.Anthropic, gw: ManagedProce
             model="no-such-model", max_tokens=10, messages=[{"role": "user", "content": "x"}]
         )
     assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-    with anthropic.Anthropic(base_url=gw.url, api_key="sk-wrong-key-000000", max_retries=0) as c:
-        with pytest.raises(anthropic.AuthenticationError) as denied:
-            c.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    wrong = anthropic.Anthropic(base_url=gw.url, api_key="sk-wrong-key-000000", max_retries=0)
+    with wrong, pytest.raises(anthropic.AuthenticationError) as denied:
+        wrong.messages.create(
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}]
+        )
     assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
     # max_tokens is required, as on Anthropic's API; the raw answer is Anthropic-shaped.
     raw = httpx.post(
@@ -216,9 +224,7 @@ def test_errors_in_anthropic_shape(client: anthropic.Anthropic, gw: ManagedProce
 
 
 def test_metrics_count_the_messages_route(client: anthropic.Anthropic, gw: ManagedProcess) -> None:
-    client.messages.create(
-        model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
-    )
+    client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
     text = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}).text
     found = re.search(
         r'dflash_gateway_requests_total\{model="moonshotai/Kimi-K2.5",route="/v1/messages",'
@@ -295,3 +301,56 @@ def test_coding_agent_shaped_stream_event_order(gw: ManagedProcess) -> None:
     end = next(e for e in events if e["type"] == "message_delta")
     assert end["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
     assert end["usage"]["output_tokens"] > 0 and end["usage"]["input_tokens"] > 3000
+
+
+HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+STREAMED = {
+    "model": MODEL,
+    "max_tokens": 3000,
+    "stream": True,
+    "messages": [{"role": "user", "content": "Write about the sea."}],
+}
+
+
+def test_failure_after_the_commit_point_is_an_error_event(stack: Stack, gw: ManagedProcess) -> None:
+    for emu in stack.emus:
+        stack.control(emu, "/emulator/faults", {"die_after_chunks": 6})
+    with httpx.stream("POST", gw.url + "/v1/messages", json=STREAMED, headers=HEADERS) as response:
+        raw = response.read().decode()
+    names = [name for name, _ in EVENT.findall(raw) if name != "ping"]
+    assert names[0] == "message_start" and names[-1] == "error"
+    assert "message_stop" not in names
+    error = json.loads(EVENT.findall(raw)[-1][1])
+    assert error == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "the worker's stream was interrupted"},
+    }
+
+
+def test_failed_worker_is_retried_before_the_commit_point(
+    stack: Stack, client: anthropic.Anthropic
+) -> None:
+    stack.control(stack.emus[0], "/emulator/faults", {"fail_status": 503, "fail_ratio": 1.0})
+    for _ in range(4):
+        with client.messages.stream(
+            model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "Hi"}]
+        ) as stream:
+            assert stream.get_final_message().stop_reason == "max_tokens"
+
+
+def test_ping_while_the_worker_is_silent(stack: Stack, gw: ManagedProcess) -> None:
+    for emu in stack.emus:
+        stack.control(emu, "/emulator/gate", {"hold_after_chunks": 3})
+    seen: list[str] = []
+    with httpx.stream("POST", gw.url + "/v1/messages", json=STREAMED, headers=HEADERS) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("event: "):
+                seen.append(line[7:])
+            if seen[-1:] == ["ping"] and "message_start" in seen:
+                break
+        for emu in stack.emus:
+            stack.control(emu, "/emulator/gate", {"release": True})
+        rest = [line[7:] for line in lines if line.startswith("event: ")]
+    assert next(name for name in seen if name != "ping") == "message_start"
+    assert rest[-2:] == ["message_delta", "message_stop"]
