@@ -1,11 +1,17 @@
 """A Messages request as the worker's chat-completions body (once per request).
 
-Translated: ``system`` (a string or text blocks) → a system message; each turn's blocks →
-``text`` and ``image`` (base64 → a ``data:`` URL, or a URL) as content parts, ``tool_use`` →
-the assistant's ``tool_calls`` (ids kept), ``tool_result`` → a ``tool`` message per result
-(``tool_call_id`` = ``tool_use_id``; its images follow in a user message), ``thinking`` →
-the assistant's ``reasoning_content`` (``redacted_thinking`` has nothing a local model can read
-and is dropped); ``tools`` (``input_schema`` → ``parameters``; Anthropic's server tools, which
+The messages come out as SGLang's own Messages endpoint builds them (so the worker's
+``count_tokens``, which uses that converter, counts the prompt this request sends, and a
+conversation's turns render the same bytes every time, which the workers' prefix cache needs):
+``system`` (a string or text blocks, joined by newlines) → a system message; each turn's blocks
+→ ``text`` and ``image`` (base64 → a ``data:`` URL, or a URL) as content parts (one text part
+alone is a string), ``tool_use`` → the assistant's ``tool_calls`` (ids kept, ``input`` as
+``json.dumps`` writes it), ``tool_result`` → a ``tool`` message (``tool_call_id`` =
+``tool_use_id``) between the user's parts before and after it, ``thinking`` → the assistant's
+``reasoning_content`` (``redacted_thinking`` has nothing a local model can read and is
+dropped); ``is_error`` on a tool result is not represented.
+
+The other fields: ``tools`` (``input_schema`` → ``parameters``; Anthropic's server tools, which
 have no schema, are skipped), ``tool_choice`` (auto / any → required / tool → that function /
 none; ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``), ``thinking``
 (enabled/adaptive → ``chat_template_kwargs.thinking: true``, disabled → false; absent → the
@@ -13,12 +19,13 @@ model's default, which for Kimi-K2.5 is to think; ``budget_tokens`` is not enfor
 ``max_tokens`` (required, as Anthropic requires it), ``stop_sequences`` → ``stop``,
 ``temperature``, ``top_p``, ``top_k``, ``metadata.user_id`` → ``user`` (the routing key that
 keeps a session on its worker), ``stream`` (with usage always on: the last event reports it).
-Anything else is dropped, ``cache_control`` markers included (the workers cache prefixes by
-themselves).
+Anything else is dropped (``Translated.dropped`` names the first), ``cache_control`` markers
+included (the workers cache prefixes by themselves).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +33,19 @@ import orjson
 
 from app.errors import InvalidRequest
 
+# The fields translated (the rest are dropped); count_tokens reads the first six.
+COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
+FIELDS = frozenset(
+    {*COUNTED, "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_p"}
+    | {"top_k"}
+)
+
 
 @dataclass(slots=True)
 class Translated:
     chat: dict[str, Any]  # the chat-completions body (without ``rid``)
     stream: bool
+    dropped: str | None = None  # the first field of the body that was dropped, if any
 
 
 def _fail(message: str, param: str | None = None) -> InvalidRequest:
@@ -60,9 +75,9 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
         raise _fail(f"messages: at most {max_messages} messages", "messages")
     chat: dict[str, Any] = {"model": model}
     out: list[dict[str, Any]] = []
-    system = body.get("system")
-    if system is not None:
-        out.append({"role": "system", "content": _system_text(system)})
+    system = _system_text(body.get("system") or "")
+    if system:
+        out.append({"role": "system", "content": system})
     for i, message in enumerate(messages):
         _turn(message, i, out)
     chat["messages"] = out
@@ -80,7 +95,9 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
     if stream and not count_only:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
-    return Translated(chat, bool(stream) and not count_only)
+    known = frozenset(COUNTED) if count_only else FIELDS
+    dropped = next((name for name in body if name not in known), None)
+    return Translated(chat, bool(stream) and not count_only, dropped)
 
 
 def _positive_int(value: Any) -> bool:
@@ -89,14 +106,16 @@ def _positive_int(value: Any) -> bool:
 
 def _system_text(system: Any) -> str:
     if isinstance(system, str):
-        return system
+        return system if system.strip() else ""
     if isinstance(system, list):
         texts = []
         for block in system:
             if not isinstance(block, dict) or block.get("type") != "text":
                 raise _fail("system: must be a string or an array of text blocks", "system")
-            texts.append(_text(block, "system"))
-        return "\n\n".join(texts)
+            text = _text(block, "system")
+            if text:
+                texts.append(text)
+        return "\n".join(texts)
     raise _fail("system: must be a string or an array of text blocks", "system")
 
 
@@ -138,15 +157,20 @@ def _turn(message: Any, i: int, out: list[dict[str, Any]]) -> None:
         _user(content, where, out)
 
 
+def _content(parts: list[dict[str, Any]]) -> Any:
+    """One text part alone as a string, else the parts."""
+    return parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+
+
 def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         at = f"{where}.content.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(_text(block, at))
+            parts.append({"type": "text", "text": _text(block, at)})
         elif kind == "thinking":
             if isinstance(block.get("thinking"), str) and block["thinking"]:
                 thinking.append(block["thinking"])
@@ -154,14 +178,18 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
             call_id, name = block.get("id"), block.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):
                 raise _fail(f"{at}: a tool_use block needs a string id and name", at)
-            arguments = orjson.dumps(block.get("input") or {}).decode()
+            arguments = json.dumps(block.get("input") or {})
             function = {"name": name, "arguments": arguments}
             calls.append({"id": call_id, "type": "function", "function": function})
         elif kind != "redacted_thinking":
             raise _fail(f"{at}.type: {kind!r} is not accepted in an assistant turn", at)
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    message: dict[str, Any] = {"role": "assistant"}
     if thinking:
         message["reasoning_content"] = "\n".join(thinking)
+    if parts:
+        message["content"] = _content(parts)
+    elif not calls:
+        message["content"] = ""  # an empty turn still keeps the roles alternating
     if calls:
         message["tool_calls"] = calls
     return message
@@ -177,17 +205,16 @@ def _user(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
         elif kind == "image":
             parts.append(_image(block, at))
         elif kind == "tool_result":
-            parts += _tool_result(block, at, out)
+            if parts:  # what came before the result goes before it
+                out.append({"role": "user", "content": _content(parts)})
+                parts = []
+            out.append(_tool_result(block, at))
         elif kind == "document" and _is_text_document(block):
             parts.append({"type": "text", "text": block["source"]["data"]})
         else:
             raise _fail(f"{at}.type: {kind!r} is not accepted in a user turn", at)
-    if not parts:
-        return
-    if all(part["type"] == "text" for part in parts) and len(parts) == 1:
-        out.append({"role": "user", "content": parts[0]["text"]})
-    else:
-        out.append({"role": "user", "content": parts})
+    if parts:
+        out.append({"role": "user", "content": _content(parts)})
 
 
 def _is_text_document(block: dict[str, Any]) -> bool:
@@ -199,32 +226,31 @@ def _is_text_document(block: dict[str, Any]) -> bool:
     )
 
 
-def _tool_result(block: dict[str, Any], at: str, out: list[dict[str, Any]]) -> list[Any]:
-    """Appends the ``tool`` message; returns its images (they go in the next user message)."""
+def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """The ``tool`` message for a ``tool_result`` block (text, or text and image parts)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str):
         raise _fail(f"{at}: a tool_result block needs a string tool_use_id", at)
     content = block.get("content")
-    images: list[Any] = []
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
+    result: Any = ""
+    if isinstance(content, str):
+        result = content
     elif isinstance(content, list):
-        texts = []
+        parts: list[dict[str, Any]] = []
         for k, item in enumerate(content):
             kind = item.get("type") if isinstance(item, dict) else None
             if kind == "text":
-                texts.append(_text(item, f"{at}.content.{k}"))
+                text = _text(item, f"{at}.content.{k}")
+                if text:
+                    parts.append({"type": "text", "text": text})
             elif kind == "image":
-                images.append(_image(item, f"{at}.content.{k}"))
+                parts.append(_image(item, f"{at}.content.{k}"))
             else:
                 raise _fail(f"{at}.content.{k}.type: {kind!r} is not accepted here", at)
-        text = "\n".join(texts)
-    else:
+        result = _content(parts) if parts else ""
+    elif content is not None:
         raise _fail(f"{at}.content: must be a string or an array", at)
-    out.append({"role": "tool", "tool_call_id": call_id, "content": text})
-    return images
+    return {"role": "tool", "tool_call_id": call_id, "content": result}
 
 
 def _sampling(body: dict[str, Any], chat: dict[str, Any]) -> None:

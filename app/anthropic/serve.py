@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from app.accesslog import AccessRecord
-from app.anthropic.request import load, translate
+from app.anthropic.request import COUNTED, load, translate
 from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
@@ -55,8 +55,6 @@ _READ = frozenset(
         _SESSION,
     }
 )
-# What a count_tokens request sends its worker (SGLang's AnthropicCountTokensRequest).
-_COUNT_FIELDS = ("messages", "system", "tools", "tool_choice", "thinking")
 
 
 class MessagesSurface:
@@ -98,16 +96,21 @@ def api_key(read: dict[bytes, bytes]) -> str | None:
     return authorization.decode("latin-1") if authorization is not None else None
 
 
-def _parse(gw: Gateway, raw: bytes, count: bool) -> ParsedRequest:
+def _parse(gw: Gateway, path: str, raw: bytes) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
+    count = path == COUNT_ROUTE
     translated = translate(body, max_messages=limits.max_messages, count_only=count)
+    if translated.dropped is not None:
+        log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
+        gw.metrics.record_dropped_fields(path)
     if not count:
         chat = orjson.dumps(translated.chat)
         return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=MESSAGES)
     model = translated.chat["model"]
     served = aliases.get(model, model)
-    fields = {"model": served, **{name: body[name] for name in _COUNT_FIELDS if name in body}}
+    fields = {name: body[name] for name in COUNTED if name in body}
+    fields["model"] = served
     head = orjson.dumps(fields)[:-1] + b","
     return ParsedRequest(
         route=Route.COUNT_TOKENS,
@@ -139,7 +142,7 @@ async def serve(gw: Gateway, path: str, scope: Any, receive: Receive, send: Send
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
         )
-        parsed = _parse(gw, raw, path == COUNT_ROUTE)
+        parsed = _parse(gw, path, raw)
         check_model(gw, parsed)
     except Exception as exc:
         if slot is not None:

@@ -44,7 +44,7 @@ def test_system_blocks_images_and_cache_control_dropped() -> None:
     assert out == {
         "model": MODEL,
         "messages": [
-            {"role": "system", "content": "A\n\nB"},
+            {"role": "system", "content": "A\nB"},
             {
                 "role": "user",
                 "content": [
@@ -80,6 +80,7 @@ def test_tool_round_trip_history_keeps_ids_and_reasoning() -> None:
                 {
                     "role": "user",
                     "content": [
+                        {"type": "text", "text": "before"},
                         {
                             "type": "tool_result",
                             "tool_use_id": "functions.get_weather:0",
@@ -100,10 +101,11 @@ def test_tool_round_trip_history_keeps_ids_and_reasoning() -> None:
                 {
                     "id": "functions.get_weather:0",
                     "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
                 }
             ],
         },
+        {"role": "user", "content": "before"},
         {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "Sunny"},
         {"role": "user", "content": "thanks"},
     ]
@@ -263,3 +265,10 @@ def test_stop_reasons(finish: str, matched: Any, reason: str, sequence: str | No
     message = to_message(doc, "m")
     assert (message["stop_reason"], message["stop_sequence"]) == (reason, sequence)
     assert message["content"] == [{"type": "text", "text": "hi"}]
+
+
+def test_the_first_dropped_field_is_named() -> None:
+    body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    assert translate(body, max_messages=5).dropped is None
+    assert translate({**body, "container": "c", "rid": "r"}, max_messages=5).dropped == "container"
+    assert translate(body, max_messages=5, count_only=True).dropped == "max_tokens"
