@@ -91,6 +91,7 @@ async def test_errors_before_the_proxy_are_anthropic_shaped() -> None:
         too_big = await gw.post("/v1/messages", big, headers=AUTH)
         unknown = await gw.post("/v1/messages", {**BODY, "model": "nope"}, headers=AUTH)
         count = await gw.post("/v1/messages/count_tokens", {"model": MODEL}, headers=AUTH)
+        models = await gw.request("GET", "/v1/models", headers=AUTH)
     assert (missing.status, anthropic_error(missing.body)[0]) == (401, "authentication_error")
     assert (wrong.status, anthropic_error(wrong.body)[0]) == (401, "authentication_error")
     assert bearer.status == 200
@@ -98,6 +99,7 @@ async def test_errors_before_the_proxy_are_anthropic_shaped() -> None:
     assert (too_big.status, anthropic_error(too_big.body)[0]) == (413, "request_too_large")
     assert (unknown.status, anthropic_error(unknown.body)[0]) == (404, "not_found_error")
     assert count.status == 400
+    assert models.status == 200 and models.json()["data"][0]["id"] == MODEL
     assert anthropic_error(count.body) == (
         "invalid_request_error",
         "messages: a non-empty array is required",
