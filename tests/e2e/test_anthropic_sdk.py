@@ -278,7 +278,8 @@ def test_coding_agent_shaped_stream_event_order(gw: ManagedProcess) -> None:
         ],
     }
     headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01", "anthropic-beta": "x"}
-    with httpx.stream("POST", gw.url + "/v1/messages", json=body, headers=headers) as response:
+    url = gw.url + "/v1/messages?beta=true"  # as Claude Code calls it
+    with httpx.stream("POST", url, json=body, headers=headers) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         raw = response.read().decode()
