@@ -54,3 +54,5 @@ class AnthropicShape:
 
 
 ANTHROPIC = AnthropicShape()
+# The request targets (paths) whose errors take this shape.
+ANTHROPIC_PATHS = frozenset({b"/v1/messages", b"/v1/messages/count_tokens"})

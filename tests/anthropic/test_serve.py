@@ -153,3 +153,19 @@ async def test_count_tokens_goes_to_a_worker() -> None:
     assert ex.status == 502 and anthropic_error(ex.body)[0] == "api_error"
     sent = worker.requests[0]
     assert set(sent) == {"model", "messages", "tools", "rid"}  # max_tokens is not forwarded
+
+
+async def test_a_body_sent_too_slowly_is_408_in_anthropic_shape() -> None:
+    async with GatewayHarness([FakeWorker()], timeouts={"client_body_s": 0.3}) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(  # headers, then part of the body, then nothing
+            b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 408")
+    assert anthropic_error(body)[0] == "invalid_request_error"
