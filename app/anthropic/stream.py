@@ -42,6 +42,15 @@ def _event(name: bytes, data: dict[str, Any]) -> bytes:
 
 _STOP_BLOCK = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
 _MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+# A delta event up to its value: index, delta type, field name (the common event, built without
+# a dict: only the value is serialised).
+_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"%s","%s":'
+)
+_THINKING = (b"thinking_delta", b"thinking")
+_TEXT = (b"text_delta", b"text")
+_JSON = (b"input_json_delta", b"partial_json")
 
 
 class MessagesStream:
@@ -151,11 +160,11 @@ class MessagesStream:
         reasoning = delta.get("reasoning_content")
         if reasoning:
             self._open("thinking", out)
-            out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+            out.append(self._delta(_THINKING, reasoning))
         text = delta.get("content")
         if text:
             self._open("text", out)
-            out.append(self._delta({"type": "text_delta", "text": text}))
+            out.append(self._delta(_TEXT, text))
         for call in delta.get("tool_calls") or ():
             self._tool_call(call, out)
         if choice.get("finish_reason") is not None:
@@ -175,9 +184,8 @@ class MessagesStream:
         }
         return _event(b"message_start", {"type": "message_start", "message": message})
 
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        data = {"type": "content_block_delta", "index": self._index, "delta": delta}
-        return _event(b"content_block_delta", data)
+    def _delta(self, kind: tuple[bytes, bytes], value: Any) -> bytes:
+        return _DELTA % (self._index, *kind) + orjson.dumps(value) + b"}}\n\n"
 
     def _open(self, kind: str, out: list[bytes], block: dict[str, Any] | None = None) -> None:
         if self._block == kind and block is None:
@@ -215,7 +223,7 @@ class MessagesStream:
             self._tool = index
         arguments = function.get("arguments")
         if arguments:
-            out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+            out.append(self._delta(_JSON, arguments))
 
     def _end(self, out: list[bytes]) -> None:
         self._close(out)

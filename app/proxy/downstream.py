@@ -20,8 +20,6 @@ Send = Callable[[Message], Awaitable[None]]
 Receive = Callable[[], Awaitable[Message]]
 Clock = Callable[[], float]
 
-KEEPALIVE = OPENAI.keepalive
-
 
 class Downstream:
     __slots__ = (
@@ -107,7 +105,8 @@ class Downstream:
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def fail(self, error: GatewayError) -> None:
-        """The error as the whole response if nothing was sent yet, else in-band + [DONE]."""
+        """The error as the whole response if nothing was sent yet, else in-band (OpenAI's: an
+        error event + [DONE]; the shape's own otherwise)."""
         if self.started:
             await self.chunk(self.shape.error_events(error))
             await self.end()

@@ -10,9 +10,13 @@ metric update. Up to the commit point the chunks pass through the request's task
 gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
 straight to the client's connection, so a chunk costs no task switch at all.
 
+That is the OpenAI routes, whose observer is ``app.upstream.sse.SSEObserver``. A request of
+another API (``app.proxy.surface``) brings its own observer, chosen once per request: the
+Messages API's translates each worker event into Anthropic's (one orjson parse per event).
+
 A non-streamed response is parsed once (orjson) for its usage and each choice's ``meta_info``
 (the exact acceptance length, asked for by the gateway); ``meta_info`` is removed from the
-client's copy unless the client asked for it.
+client's copy unless the client asked for it; another API's surface then translates the answer.
 """
 
 from __future__ import annotations
