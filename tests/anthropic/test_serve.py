@@ -169,3 +169,25 @@ async def test_a_body_sent_too_slowly_is_408_in_anthropic_shape() -> None:
     head, body = answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 408")
     assert anthropic_error(body)[0] == "invalid_request_error"
+
+
+async def test_user_id_keeps_a_session_on_its_worker_and_max_tokens_is_capped() -> None:
+    workers = [FakeWorker(), FakeWorker(), FakeWorker()]
+    settings: dict[str, Any] = {"policy": "prefix_affinity", "limits": {"max_tokens_cap": 8}}
+    async with GatewayHarness(workers, **settings) as gw:
+        for session in ("alpha", "beta"):
+            for turn in range(3):
+                body = {
+                    **BODY,
+                    "max_tokens": 32000,
+                    "metadata": {"user_id": session},
+                    "messages": [{"role": "user", "content": f"turn {turn}"}],
+                }
+                assert (await gw.post("/v1/messages", body)).status == 200
+    for worker in workers:
+        assert all(sent["max_tokens"] == 8 for sent in worker.requests)
+    served = {
+        session: {i for i, w in enumerate(workers) for r in w.requests if r["user"] == session}
+        for session in ("alpha", "beta")
+    }
+    assert all(len(where) == 1 for where in served.values())  # each session on one worker
