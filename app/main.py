@@ -17,7 +17,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
-from app.api import openai, ops
+from app.anthropic import serve as anthropic_serve
+from app.api import anthropic, openai, ops
 from app.api.access import AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
@@ -40,11 +41,12 @@ log = logging.getLogger(__name__)
 
 
 class GatewayApp:
-    """The gateway's ASGI application. POSTs to the two completion routes are served in plain ASGI
-    (``app.proxy.ingress``), ahead of FastAPI's middleware, routing and dependency injection,
-    which together cost about as much CPU per request as relaying the whole answer; everything
-    else goes to FastAPI (``api``). With CORS on, FastAPI routes those POSTs too, to the same
-    handler, so ``CORSMiddleware`` sees them. ``state`` and ``router`` are FastAPI's."""
+    """The gateway's ASGI application. POSTs to the two completion routes and the two Messages
+    routes are served in plain ASGI (``app.proxy.ingress``, ``app.anthropic.serve``), ahead of
+    FastAPI's middleware, routing and dependency injection, which together cost about as much
+    CPU per request as relaying the whole answer; everything else goes to FastAPI (``api``).
+    With CORS on, FastAPI routes those POSTs too, to the same handlers, so ``CORSMiddleware``
+    sees them. ``state`` and ``router`` are FastAPI's."""
 
     def __init__(self, api: FastAPI, gateway: Gateway, *, lane: bool) -> None:
         self.api = api
@@ -61,9 +63,13 @@ class GatewayApp:
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if self._lane and scope["type"] == "http" and scope["method"] == "POST":
-            route = ingress.ROUTES.get(scope["path"])
+            path = scope["path"]
+            route = ingress.ROUTES.get(path)
             if route is not None:
                 await ingress.serve(self._gateway, route, scope, receive, send)
+                return
+            if path in anthropic_serve.ROUTES:
+                await anthropic_serve.serve(self._gateway, path, scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -173,11 +179,20 @@ def create_app(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type", "x-request-id", "x-session-id"],
+            allow_headers=[
+                "authorization",
+                "content-type",
+                "x-request-id",
+                "x-session-id",
+                "x-api-key",
+                "anthropic-version",
+                "anthropic-beta",
+            ],
             expose_headers=["x-request-id", "retry-after"],
             max_age=600,
         )
     app.add_middleware(AccessMiddleware, gateway=gateway)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     app.include_router(ops.router)
     return GatewayApp(app, gateway, lane=not settings.cors_origins)

@@ -12,6 +12,13 @@ one at a time. Per proxy and scenario:
   shared machines, where wall-clock numbers drift.
 
 Scenarios: streaming at saturation, streaming paced (10 ms per chunk, C=32), non-streaming.
+
+Streaming scenarios also run Anthropic's Messages API through the same gateway process (target
+``gateway-messages``: ``POST /v1/messages``, each worker chunk translated into Anthropic's
+events), normalised by the events the client receives (about one per worker chunk: the role,
+finish and usage chunks become message_start, message_delta and message_stop, plus a start and
+a stop per content block); the table's last lines give its CPU per chunk against
+``/v1/chat/completions``'.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ from loadtest.processes import PYTHON, ManagedProcess, ProcessManager, free_port
 from loadtest.stats import percentile
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+GATEWAY = "dflash-gateway"
+GATEWAY_MESSAGES = "gateway-messages"
 
 
 @dataclass(frozen=True)
@@ -122,15 +133,17 @@ def process_tree_cpu(pid: int) -> float:
     return total
 
 
-async def _one(client: httpx.AsyncClient, body: bytes, stream: bool) -> tuple[bool, float, int]:
+async def _one(
+    client: httpx.AsyncClient, path: str, body: bytes, stream: bool
+) -> tuple[bool, float, int]:
     start = time.perf_counter()
     if not stream:
-        response = await client.post("/v1/chat/completions", content=body)
+        response = await client.post(path, content=body)
         return response.status_code == 200, time.perf_counter() - start, 0
     ttft = 0.0
     chunks = 0
     tail = b""
-    async with client.stream("POST", "/v1/chat/completions", content=body) as response:
+    async with client.stream("POST", path, content=body) as response:
         if response.status_code != 200:
             await response.aread()
             return False, 0.0, 0
@@ -141,13 +154,17 @@ async def _one(client: httpx.AsyncClient, body: bytes, stream: bool) -> tuple[bo
                 ttft = time.perf_counter() - start
             joined = tail + data
             chunks += joined.count(b"data: ") - tail.count(b"data: ")
-            tail = joined[-16:]
+            tail = joined[-32:]
+    if path == MESSAGES:
+        return tail.rstrip().endswith(b'{"type":"message_stop"}'), ttft, chunks
     done = tail.rstrip().endswith(b"data: [DONE]")
     chunks -= 1 if done else 0  # [DONE] is not a relayed chunk
     return done, ttft, chunks
 
 
-async def drive(base_url: str, scenario: Scenario, model: str, max_tokens: int) -> Measurement:
+async def drive(
+    base_url: str, scenario: Scenario, model: str, max_tokens: int, path: str = CHAT
+) -> Measurement:
     body = orjson.dumps(
         {
             "model": model,
@@ -171,7 +188,7 @@ async def drive(base_url: str, scenario: Scenario, model: str, max_tokens: int) 
         async def loop() -> None:
             for _ in remaining:
                 try:
-                    results.append(await _one(client, body, scenario.stream))
+                    results.append(await _one(client, path, body, scenario.stream))
                 except httpx.HTTPError:
                     results.append((False, 0.0, 0))
 
@@ -218,7 +235,7 @@ def start_proxies(
     procs: ProcessManager, emulator: ManagedProcess, args: argparse.Namespace
 ) -> dict[str, ManagedProcess]:
     proxies = {
-        "dflash-gateway": procs.start(
+        GATEWAY: procs.start(
             _pin(
                 args.proxy_cpu,
                 [
@@ -278,8 +295,12 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
     for scenario in scenarios(args):
         emulator = start_emulator(procs, scenario, args.load_cpu)
         proxies = start_proxies(procs, emulator, args)
-        targets = [("direct", emulator, None)] + [(n, p, p) for n, p in proxies.items()]
-        for name, target, proxy in targets:
+        targets: list[tuple[str, ManagedProcess, ManagedProcess | None, str]]
+        targets = [("direct", emulator, None, CHAT)]
+        targets += [(n, p, p, CHAT) for n, p in proxies.items()]
+        if scenario.stream:  # the same gateway process, serving Anthropic's Messages API
+            targets.append((GATEWAY_MESSAGES, proxies[GATEWAY], proxies[GATEWAY], MESSAGES))
+        for name, target, proxy, path in targets:
             warm = Scenario(
                 scenario.name,
                 scenario.stream,
@@ -287,15 +308,15 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
                 scenario.concurrency * 2,
                 scenario.chunk_interval_s,
             )
-            await drive(target.url, warm, model, args.max_tokens)  # connections, caches
+            await drive(target.url, warm, model, args.max_tokens, path)  # connections, caches
             before = process_tree_cpu(proxy.pid) if proxy else 0.0
-            result = await drive(target.url, scenario, model, args.max_tokens)
+            result = await drive(target.url, scenario, model, args.max_tokens, path)
             result.target = name
             if proxy is not None:
                 result.cpu_s = process_tree_cpu(proxy.pid) - before
             measurements.append(result)
             print(
-                f"  {scenario.name:<18} {name:<15} ok={result.ok} failed={result.failed}",
+                f"  {scenario.name:<18} {name:<16} ok={result.ok} failed={result.failed}",
                 file=sys.stderr,
             )
         for proc in (*proxies.values(), emulator):
@@ -305,7 +326,7 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
 
 def table(measurements: Sequence[Measurement]) -> str:
     header = (
-        f"{'scenario':<18} {'target':<15} {'ok':>6} {'fail':>5} {'thrpt/s':>9} "
+        f"{'scenario':<18} {'target':<16} {'ok':>6} {'fail':>5} {'thrpt/s':>9} "
         f"{'TTFT p50':>9} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU s/1k':>9} {'vs router':>9}"
     )
     lines = [header, "-" * len(header)]
@@ -323,7 +344,7 @@ def table(measurements: Sequence[Measurement]) -> str:
             ref = router.cpu_per_1000() if router is not None else None
             ratio = f"{cpu / ref:.2f}" if cpu is not None and ref else "-"
             lines.append(
-                f"{m.scenario:<18} {m.target:<15} {m.ok:>6} {m.failed:>5} {rate:>9.0f} "
+                f"{m.scenario:<18} {m.target:<16} {m.ok:>6} {m.failed:>5} {rate:>9.0f} "
                 f"{m.ttft(50) * 1000:>9.2f} {added50:>8} {added99:>8} "
                 f"{'-' if cpu is None else f'{cpu:.3f}':>9} {ratio:>9}"
             )
@@ -331,7 +352,25 @@ def table(measurements: Sequence[Measurement]) -> str:
         "CPU s/1k = proxy CPU seconds per 1,000 relayed chunks (streams) or requests "
         "(non-streaming); vs router = that figure / sglang-router's (lower is better)"
     )
+    for name, times in messages_vs_chat(measurements).items():
+        lines.append(f"{name}: /v1/messages CPU per chunk = {times:.2f}x /v1/chat/completions")
     return "\n".join(lines)
+
+
+def messages_vs_chat(measurements: Sequence[Measurement]) -> dict[str, float]:
+    """Per streaming scenario: the gateway's CPU per chunk on /v1/messages over the same figure
+    on /v1/chat/completions."""
+    out: dict[str, float] = {}
+    for m in measurements:
+        if m.target != GATEWAY_MESSAGES:
+            continue
+        chat = next(
+            (c for c in measurements if c.scenario == m.scenario and c.target == GATEWAY), None
+        )
+        mine, theirs = m.cpu_per_1000(), chat.cpu_per_1000() if chat is not None else None
+        if mine is not None and theirs:
+            out[m.scenario] = mine / theirs
+    return out
 
 
 def main(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 
 The proxy records the requests it runs (``app.proxy.forward``); this module records the rest:
 
-- ``reject``: a completion request refused before the proxy ran (400/401/404/413/415/429/503);
+- ``reject``: a completion or Messages request refused before the proxy ran
+  (400/401/404/413/415/429/503);
 - ``refusals(gw)``: requests the server's protocol answered itself (408, 431, 400 for unparsable
   HTTP, 503 over ``limits.max_connections``; ``app.server.guard``);
 - ``AccessMiddleware``: everything FastAPI answers (``/v1/models``, probes, ``/metrics``, 404s...).
@@ -28,7 +29,10 @@ from app.metrics import OTHER
 from app.outcomes import Outcome
 from app.proxy.downstream import Message, Receive, Send
 
-COMPLETION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+# The routes served in plain ASGI ahead of FastAPI, which record their own answers.
+COMPLETION_ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"}
+)
 API_ROUTES = COMPLETION_ROUTES | {"/v1/models"}
 OPS_ROUTES = frozenset({"/livez", "/readyz", "/health", "/metrics", "/workers", "/openapi.json"})
 KNOWN_ROUTES = API_ROUTES | OPS_ROUTES

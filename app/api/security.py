@@ -53,8 +53,15 @@ def authorization(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 async def client_key(request: Request) -> str | None:
+    """The caller's key name on ``/v1/models``: from Authorization, else from Anthropic's
+    ``x-api-key`` (clients of the Messages API send only that)."""
     gw: Gateway = request.app.state.gateway
-    return key_name(authorization(request.scope["headers"]), gw)
+    headers = request.scope["headers"]
+    value = authorization(headers)
+    if value is None:
+        key = single(headers, b"x-api-key")
+        value = None if key is None else "Bearer " + key.decode("latin-1").strip()
+    return key_name(value, gw)
 
 
 def ops_key_of(gw: Gateway, headers: list[tuple[bytes, bytes]]) -> None:

@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from app.emulator import control, ops
+from app.emulator import control, counting, ops
 from app.emulator.asgi import Receive, Scope, Send, header, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
@@ -27,6 +27,7 @@ def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
     return {
         "/v1/chat/completions": {"POST": generate_chat},
         "/v1/completions": {"POST": generate_text},
+        "/v1/messages/count_tokens": {"POST": counting.count_tokens},
         "/v1/models": {"GET": ops.models},
         "/health": {"GET": ops.health},
         "/health_generate": {"GET": ops.health},

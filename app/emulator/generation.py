@@ -19,6 +19,8 @@ lists its tokens' log-probabilities (``app.emulator.logprobs``).
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
 is ``"auto"``/unset and the last user turn mentions a tool's name, the answer is a call to that
 tool (the first one mentioned, else the first tool) with arguments made from its JSON schema.
+With ``"auto"``/unset, a conversation that ends with a tool's result is answered in text (the
+model uses the result), so a tool-use round trip ends.
 """
 
 from __future__ import annotations
@@ -216,6 +218,8 @@ def _chosen_tool(req: GenRequest) -> Tool | None:
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         return next((t for t in req.tools if t.name == name), None)
+    if choice in (None, "auto") and req.after_tool_result:
+        return None
     mentioned = [t for t in req.tools if t.name in req.last_user]
     if choice == "required":
         return mentioned[0] if mentioned else req.tools[0]

@@ -76,6 +76,7 @@ class GenRequest:
     tools: tuple[Tool, ...] = ()
     tool_choice: Any = None
     history_tool_calls: int = 0
+    after_tool_result: bool = False  # the conversation ends with a tool's result
     return_meta_info: bool = False
     ignore_eos: bool = False
     n: int = 1
@@ -245,6 +246,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
         tools=tools,
         tool_choice=tool_choice,
         history_tool_calls=history_calls,
+        after_tool_result=messages[-1].get("role") == "tool",
         return_meta_info=bool(body.get("return_meta_info", False)),
         logprobs=body.get("logprobs") is True,
         top_logprobs=_count(body.get("top_logprobs")),

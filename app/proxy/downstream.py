@@ -2,7 +2,8 @@
 
 ``Downstream`` sends the response: SSE headers on the first byte, body chunks as they come, a JSON
 error (any status) while nothing was sent, or an SSE error event + ``[DONE]`` once it was.
-``send_error`` answers a whole request with an OpenAI-shaped error.
+``send_error`` answers a whole request with an error. Errors and keep-alives take the shape of the
+request's API (``app.proxy.surface``: OpenAI's unless told otherwise).
 """
 
 from __future__ import annotations
@@ -10,21 +11,27 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import orjson
-
-from app.errors import SSE_DONE, GatewayError
+from app.errors import GatewayError
 from app.proxy.direct import DirectBody
+from app.proxy.surface import OPENAI, ErrorShape
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 Receive = Callable[[], Awaitable[Message]]
 Clock = Callable[[], float]
 
-KEEPALIVE = b": keep-alive\n\n"
-
 
 class Downstream:
-    __slots__ = ("_request_id", "_send", "clock", "direct_lane", "last_tx", "started", "stream")
+    __slots__ = (
+        "_request_id",
+        "_send",
+        "clock",
+        "direct_lane",
+        "last_tx",
+        "shape",
+        "started",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -34,8 +41,10 @@ class Downstream:
         stream: bool,
         clock: Clock,
         direct: DirectBody | None = None,
+        shape: ErrorShape = OPENAI,
     ) -> None:
         self._send = send
+        self.shape = shape
         self.direct_lane = direct  # the server's lane around send (app.proxy.direct), if any
         self._request_id = request_id.encode("latin-1")
         self.stream = stream
@@ -71,7 +80,7 @@ class Downstream:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def keepalive(self) -> None:
-        await self.chunk(KEEPALIVE)
+        await self.chunk(self.shape.keepalive)
         self.last_tx = self.clock()
 
     async def end(self) -> None:
@@ -96,18 +105,21 @@ class Downstream:
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def fail(self, error: GatewayError) -> None:
-        """The error as the whole response if nothing was sent yet, else in-band + [DONE]."""
+        """The error as the whole response if nothing was sent yet, else in-band (OpenAI's: an
+        error event + [DONE]; the shape's own otherwise)."""
         if self.started:
-            await self.chunk(error.to_sse() + SSE_DONE)
+            await self.chunk(self.shape.error_events(error))
             await self.end()
             return
         self.started = True
-        await send_error(self._send, error, self._request_id)
+        await send_error(self._send, error, self._request_id, self.shape)
 
 
-async def send_error(send: Send, error: GatewayError, request_id: bytes) -> None:
-    """``error`` as a whole JSON response (OpenAI shape), with its own headers (Retry-After)."""
-    body = orjson.dumps(error.body())
+async def send_error(
+    send: Send, error: GatewayError, request_id: bytes, shape: ErrorShape = OPENAI
+) -> None:
+    """``error`` as a whole JSON response (``shape``'s), with its own headers (Retry-After)."""
+    body = shape.error_json(error)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(body)),

@@ -38,6 +38,7 @@ from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import relay_stream, relay_whole
 from app.proxy.request import ParsedRequest
 from app.proxy.supervisor import Supervisor
+from app.proxy.surface import OPENAI
 from app.routing.policies import Policy, RoutingContext
 from app.upstream.client import UpstreamClient
 from app.workers.acceptance import CollapseDetector
@@ -123,8 +124,14 @@ class Proxy:
     async def run(
         self, job: Job, receive: Receive, send: Send, direct: DirectBody | None = None
     ) -> None:
+        surface = job.request.surface
         down = Downstream(
-            send, job.request_id, stream=job.request.stream, clock=self._clock, direct=direct
+            send,
+            job.request_id,
+            stream=job.request.stream,
+            clock=self._clock,
+            direct=direct,
+            shape=OPENAI if surface is None else surface.shape,
         )
         sup = Supervisor(
             receive=receive, downstream=down, timeouts=self._settings.timeouts, clock=self._clock
@@ -195,7 +202,7 @@ class Proxy:
         metrics, record, request, model = self._metrics, job.record, job.request, job.ctx.model
         if request.stream:
             metrics.record_stream(record.outcome)
-        metrics.record_request(request.route.value, model, record.status, end - job.started)
+        metrics.record_request(record.route, model, record.status, end - job.started)
         metrics.record_queue_wait(job.queue_wait_s)
         attempt = job.attempt
         tally = attempt.tally if attempt is not None else None

@@ -8,8 +8,8 @@ from app.errors import InvalidRequest
 
 # Never forwarded to a worker (CONTRACTS.md): credentials, Host/Content-Length (set by the client
 # library), hop-by-hop headers (RFC 9110 §7.6.1), encodings we would have to undo (a body with a
-# Content-Encoding is refused: the gateway reads bodies as they are), and the client's
-# X-Request-Id (replaced by the gateway's).
+# Content-Encoding is refused: the gateway reads bodies as they are), the client's
+# X-Request-Id (replaced by the gateway's) and Anthropic's API key header (a credential).
 _DROP = frozenset(
     {
         b"authorization",
@@ -31,6 +31,7 @@ _DROP = frozenset(
         b"accept-encoding",
         b"expect",
         b"x-request-id",
+        b"x-api-key",
     }
 )
 

@@ -45,7 +45,7 @@ from app.routing.policies import RoutingContext
 
 log = logging.getLogger(__name__)
 
-ROUTES = {route.value: route for route in Route}
+ROUTES = {route.value: route for route in (Route.CHAT, Route.COMPLETIONS)}
 _SESSION = SESSION_HEADER.encode("ascii")
 _READ = frozenset(
     {b"authorization", b"content-length", b"content-type", b"content-encoding", _SESSION}

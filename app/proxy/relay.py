@@ -10,9 +10,13 @@ metric update. Up to the commit point the chunks pass through the request's task
 gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
 straight to the client's connection, so a chunk costs no task switch at all.
 
+That is the OpenAI routes, whose observer is ``app.upstream.sse.SSEObserver``. A request of
+another API (``app.proxy.surface``) brings its own observer, chosen once per request: the
+Messages API's translates each worker event into Anthropic's (one orjson parse per event).
+
 A non-streamed response is parsed once (orjson) for its usage and each choice's ``meta_info``
 (the exact acceptance length, asked for by the gateway); ``meta_info`` is removed from the
-client's copy unless the client asked for it.
+client's copy unless the client asked for it; another API's surface then translates the answer.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from app.errors import UpstreamBadResponse, UpstreamStreamBroken
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
+from app.proxy.surface import Observer
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
 from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
@@ -43,9 +48,14 @@ async def relay_stream(
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
     or ends without ``[DONE]``. ``expose``: add the estimated acceptance length to the usage
     chunk the client asked for."""
-    # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
-    overhead = 2 * request.choices if request.route is Route.CHAT else 0
-    obs = SSEObserver(drop_usage=not request.client_wants_usage, overhead=overhead, expose=expose)
+    obs: Observer
+    if request.surface is None:
+        # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
+        overhead = 2 * request.choices if request.route is Route.CHAT else 0
+        drop = not request.client_wants_usage
+        obs = SSEObserver(drop_usage=drop, overhead=overhead, expose=expose)
+    else:  # another API's events, translated from the worker's
+        obs = request.surface.observer(request, expose=expose)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -137,4 +147,6 @@ async def relay_whole(
             headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
     if usage is not None:
         attempt.tally.usage = usage
+    if request.surface is not None:
+        body = request.surface.whole(doc, request)
     await down.complete(response.status_code, body, b"application/json", headers)

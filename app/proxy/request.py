@@ -40,13 +40,17 @@ from app.proxy.fields import (
     capped,
     schema_for,
 )
+from app.proxy.surface import Surface
 
 log = logging.getLogger(__name__)
 
 
 class Route(enum.Enum):
+    """A worker route the gateway sends requests to."""
+
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    COUNT_TOKENS = "/v1/messages/count_tokens"  # SGLang's Anthropic token counter
 
 
 @dataclass(slots=True)
@@ -67,6 +71,8 @@ class ParsedRequest:
     dropped: str | None  # the first field dropped from the body, if any
     # Everything of the upstream body except the closing ``"rid":"..."}``.
     _head: tuple[memoryview | bytes, ...]
+    # The client's API when it is not the worker's own (``app.proxy.surface``).
+    surface: Surface | None = None
 
     def upstream_parts(self, rid: str) -> tuple[memoryview | bytes, ...]:
         """The body for one upstream attempt with its own ``rid`` (32 hex chars), as the pieces
@@ -91,9 +97,15 @@ def _fail(message: str, param: str | None = None) -> InvalidRequest:
 
 
 def parse_request(
-    raw: bytes, route: Route, *, limits: LimitsConfig, aliases: Mapping[str, str]
+    raw: bytes,
+    route: Route,
+    *,
+    limits: LimitsConfig,
+    aliases: Mapping[str, str],
+    surface: Surface | None = None,
 ) -> ParsedRequest:
-    """Validate the fields the gateway depends on; raise ``InvalidRequest`` (400) otherwise."""
+    """Validate the fields the gateway depends on; raise ``InvalidRequest`` (400) otherwise.
+    ``surface``: the client's API, when the body was translated from another one."""
     schema = schema_for(route is Route.CHAT, limits.extra_fields)
     limit = limits.max_messages
     # Every message is an object (3 bytes or more with its comma), so a short body, or one with
@@ -152,6 +164,7 @@ def parse_request(
         conversation=conversation,
         dropped=dropped,
         _head=_head(raw, body, spans, schema, patch),
+        surface=surface,
     )
 
 

@@ -15,13 +15,14 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
 - request line + headers at most ``max_header_bytes``, counted as bytes arrive: a header line
   that never ends is refused once it passes the limit, not buffered.
 
-Over a limit the client gets a 408, 431 or 503 (OpenAI-shaped JSON, ``Connection: close``, an
-``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response already
-under way is left to finish. An unparsable request gets a 400 the same way. Each such answer is
-reported (``Report``: an access-log line and ``requests_total``). A connection on which no request
-began is closed without an answer (a client that opened it early must not read a 408 as the
-answer to the request it sends later). The cost is one timer per request phase left unfinished by
-a read (``loop.call_at``; none for a request that arrives whole), nothing per body chunk.
+Over a limit the client gets a 408, 431 or 503 (JSON in OpenAI's shape, Anthropic's on the Messages
+routes; ``Connection: close``, an ``X-Request-Id``) if nothing was answered yet, and the connection
+is closed; a response already under way is left to finish. An unparsable request gets a 400 the
+same way. Each such answer is reported (``Report``: an access-log line and ``requests_total``). A
+connection on which no request began is closed without an answer (a client that opened it early
+must not read a 408 as the answer to the request it sends later). The cost is one timer per request
+phase left unfinished by a read (``loop.call_at``; none for a request that arrives whole), nothing
+per body chunk.
 
 The protocol also offers each request the ``app.proxy.direct`` extension (stream chunks written
 without ASGI ``send``).
@@ -38,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from app.anthropic.shape import ANTHROPIC, ANTHROPIC_PATHS
 from app.errors import (
     GatewayError,
     HeadersTooLarge,
@@ -206,11 +208,13 @@ class GuardedConnection(HttpConnection):
             return
         request_id = os.urandom(16).hex()
         self.report(self.target(), request_id, error)
-        self.respond_and_close(_raw_response(error, request_id))
+        self.respond_and_close(_raw_response(error, request_id, self.target()))
 
 
-def _raw_response(error: GatewayError, request_id: str) -> bytes:
-    body = orjson.dumps(error.body())
+def _raw_response(error: GatewayError, request_id: str, target: bytes = b"") -> bytes:
+    """The whole answer, its body in the shape of the API the target belongs to."""
+    anthropic = target.split(b"?", 1)[0] in ANTHROPIC_PATHS
+    body = ANTHROPIC.error_json(error) if anthropic else orjson.dumps(error.body())
     reason = _REASONS.get(error.status, b"Error")
     extra = b"".join(
         b"%s: %s\r\n" % (k.lower().encode("latin-1"), v.encode("latin-1"))

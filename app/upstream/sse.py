@@ -174,7 +174,7 @@ class SSEObserver:
             return chunk  # comments / blank lines before any data: relay as they are
         event = chunk[at + 5 :].lstrip()
         if event.startswith(b'{"error"'):
-            raise _leading_error(event)
+            raise leading_error(event)
         self.first_data = True
         self.events += _events(chunk)
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
@@ -255,7 +255,7 @@ def _done_at(chunk: bytes, at: int, start: int) -> bool:
     return False
 
 
-def _leading_error(event: bytes) -> UpstreamStatusError:
+def leading_error(event: bytes) -> UpstreamStatusError:
     raw = event[: _event_end(event, 0)].strip()
     status = 502
     try:

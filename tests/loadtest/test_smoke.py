@@ -114,8 +114,11 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     for scenario in ("stream_saturation", "stream_paced", "non_stream"):
-        targets = {line.split()[1] for line in lines if line.startswith(scenario)}
-        assert targets == {"direct", "dflash-gateway"}
+        targets = {line.split()[1] for line in lines if line.split()[:1] == [scenario]}
+        messages = {"gateway-messages"} if scenario.startswith("stream") else set()
+        assert targets == {"direct", "dflash-gateway", *messages}
+        ratio = [line for line in lines if line.startswith(f"{scenario}: /v1/messages CPU")]
+        assert len(ratio) == (1 if messages else 0)
     data = json.loads((tmp_path / "overhead.json").read_text())
     assert all(m["failed"] == 0 for m in data)
     assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")

@@ -53,7 +53,13 @@ async def test_cors_allows_configured_origins_only() -> None:
 async def test_openapi_documents_the_public_bodies() -> None:
     async with GatewayHarness([FakeWorker()], api_keys=["team:sk-team-0123456789abcdef"]) as gw:
         doc = (await gw.request("GET", "/openapi.json")).json()
-    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models"}
+    assert set(doc["paths"]) == {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+    }
     schemas = doc["components"]["schemas"]
     chat_body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]
     assert chat_body["schema"] == {"$ref": "#/components/schemas/ChatCompletionRequest"}

@@ -1,0 +1,98 @@
+"""A worker's chat completion as an Anthropic Message (non-streamed), and the pieces the stream
+translator shares with it: stop reasons and usage.
+
+``finish_reason`` → ``stop_reason``: ``stop`` → ``end_turn`` (``stop_sequence`` when the
+worker's ``matched_stop`` is a string: one of the request's stop sequences), ``length`` →
+``max_tokens``, ``tool_calls`` → ``tool_use``; anything else (an abort) → ``end_turn``.
+``reasoning_content`` becomes a ``thinking`` block (unsigned: ``signature`` is empty), the text
+a ``text`` block, each tool call a ``tool_use`` block with the worker's id (Kimi-K2.5's
+``functions.NAME:IDX``) and its arguments parsed. Usage: ``input_tokens`` are the prompt tokens
+not read from the prefix cache, ``cache_read_input_tokens`` those that were (as SGLang's own
+Messages endpoint reports them), ``output_tokens`` the completion tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def stop_reason(finish: Any, matched: Any) -> tuple[str, str | None]:
+    """(``stop_reason``, ``stop_sequence``) for a chat choice's finish."""
+    if finish == "stop" and isinstance(matched, str):
+        return "stop_sequence", matched
+    return _STOP.get(finish, "end_turn") if isinstance(finish, str) else "end_turn", None
+
+
+def usage_of(usage: Any) -> dict[str, int]:
+    """Anthropic's usage for a chat ``usage`` object (zeros when there is none)."""
+    if not isinstance(usage, dict):
+        return {"input_tokens": 0, "output_tokens": 0}
+    prompt = _count(usage.get("prompt_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    cached = min(cached, prompt)
+    out = {"input_tokens": prompt - cached, "output_tokens": _count(usage.get("completion_tokens"))}
+    if cached:
+        out["cache_read_input_tokens"] = cached
+    return out
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def tool_input(arguments: Any) -> Any:
+    """A tool call's ``arguments`` string as the ``input`` object (``{}`` when it is none)."""
+    if not isinstance(arguments, str) or not arguments.strip():
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {"arguments": arguments}  # what the model wrote, kept for the client to see
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def message_id(chat_id: Any) -> str:
+    return f"msg_{chat_id}" if isinstance(chat_id, str) and chat_id else "msg_gateway"
+
+
+def to_message(doc: dict[str, Any], model: str) -> dict[str, Any]:
+    """The Message for chat completion ``doc``; ``model``: the name the client asked for."""
+    choices = doc.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    message = choice.get("message") if isinstance(choice, dict) else None
+    message = message if isinstance(message, dict) else {}
+    content: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or "",
+                "name": function.get("name") or "",
+                "input": tool_input(function.get("arguments")),
+            }
+        )
+    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("matched_stop"))
+    return {
+        "id": message_id(doc.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage_of(doc.get("usage")),
+    }

@@ -1,0 +1,238 @@
+"""A worker's chat stream, event by event, as Anthropic's Messages stream.
+
+``MessagesStream`` has the relay's observer shape (``app.proxy.surface.Observer``): ``feed``
+takes the worker's bytes and returns the client's. Its grammar::
+
+    message_start
+    ( content_block_start  content_block_delta*  content_block_stop )*
+    message_delta          (stop_reason, stop_sequence, usage)
+    message_stop
+
+with ``event: ping`` wherever the gateway's keep-alive falls (``app.anthropic.shape``). One
+block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``), ``text``
+(``text_delta`` from ``content``) or ``tool_use`` (opened by a tool call's id or name, its
+arguments as ``input_json_delta``); a change of kind closes the open block. The worker's first
+chat chunk becomes ``message_start`` (the commit point); its usage chunk (the gateway always
+asks for one) gives ``message_delta`` its counts and the acceptance-length estimate its steps
+(one per data event, less the role and finish chunks: ``app.upstream.sse``); its ``[DONE]``
+ends the message. A worker's error event before the first chunk is raised (the attempt may be
+retried); after it, it becomes Anthropic's ``event: error`` and nothing follows.
+
+Every worker event is parsed (orjson): this costs more per chunk than relaying the OpenAI
+routes' bytes untouched, which is what ``make bench-overhead`` measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.anthropic.response import message_id, stop_reason, usage_of
+from app.anthropic.shape import ANTHROPIC
+from app.upstream.sse import ACCEPT_LENGTH_FIELD, Usage, leading_error, parse_usage
+
+_MAX_CARRY = 1 << 20
+_OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
+
+
+def _event(name: bytes, data: dict[str, Any]) -> bytes:
+    return b"event: " + name + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+_STOP_BLOCK = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n'
+_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+# A delta event up to its value: index, delta type, field name (the common event, built without
+# a dict: only the value is serialised).
+_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"%s","%s":'
+)
+_THINKING = (b"thinking_delta", b"thinking")
+_TEXT = (b"text_delta", b"text")
+_JSON = (b"input_json_delta", b"partial_json")
+
+
+class MessagesStream:
+    __slots__ = (
+        "_block",
+        "_carry",
+        "_expose",
+        "_failed",
+        "_finish",
+        "_index",
+        "_matched",
+        "_model",
+        "_raw_usage",
+        "_steps",
+        "_tool",
+        "done",
+        "events",
+        "first_data",
+        "inband_error",
+        "usage",
+    )
+
+    def __init__(self, model: str, *, expose: bool = False) -> None:
+        self._model = model  # the name the client asked for
+        self._expose = expose  # add the estimated acceptance length to the final usage
+        self._carry = b""
+        self._block: str | None = None  # the open content block's kind
+        self._index = -1  # the open (or last) content block's index
+        self._tool: Any = None  # the worker's index of the tool call in the open block
+        self._finish: Any = None
+        self._matched: Any = None
+        self._raw_usage: Any = None
+        self._steps = 0  # chat data events with choices
+        self._failed = False
+        self.first_data = False
+        self.done = False
+        self.events = 0
+        self.usage: Usage | None = None
+        self.inband_error = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._carry:
+            chunk = self._carry + chunk
+            self._carry = b""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        end = chunk.rfind(b"\n\n")
+        if end < 0:
+            if len(chunk) < _MAX_CARRY:
+                self._carry = chunk
+                return b""
+            end = len(chunk)
+        elif end + 2 < len(chunk):
+            self._carry = chunk[end + 2 :]
+        out: list[bytes] = []
+        for event in chunk[:end].split(b"\n\n"):
+            at = event.find(b"data:")
+            if at >= 0:
+                self._data(event[at + 5 :].strip(), out)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """A last ``data: [DONE]`` without its blank line still ends the message."""
+        rest, self._carry = self._carry.strip(), b""
+        out: list[bytes] = []
+        if rest.startswith(b"data:") and rest[5:].strip() == b"[DONE]":
+            self._data(b"[DONE]", out)
+        return b"".join(out)
+
+    def _data(self, payload: bytes, out: list[bytes]) -> None:
+        self.events += 1
+        if payload == b"[DONE]":
+            self.done = True
+            if not self._failed and self.first_data:
+                self._end(out)
+            return
+        if self._failed:
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return  # not an event a client could use
+        if not isinstance(obj, dict):
+            return
+        if "error" in obj and "choices" not in obj:
+            if not self.first_data:
+                raise leading_error(payload)
+            self._failed = self.inband_error = True
+            self._close(out)
+            out.append(ANTHROPIC.error_events(leading_error(payload)))
+            return
+        if not self.first_data:
+            self.first_data = True
+            out.append(self._start(obj))
+        choices = obj.get("choices")
+        if not choices:
+            if obj.get("usage") is not None:
+                self._raw_usage = obj["usage"]
+                self.usage = parse_usage(obj)
+                if self.usage is not None:
+                    steps = self._steps - _OVERHEAD
+                    self.usage.verify_steps = steps if steps > 0 else None
+            return
+        self._steps += 1
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content")
+        if reasoning:
+            self._open("thinking", out)
+            out.append(self._delta(_THINKING, reasoning))
+        text = delta.get("content")
+        if text:
+            self._open("text", out)
+            out.append(self._delta(_TEXT, text))
+        for call in delta.get("tool_calls") or ():
+            self._tool_call(call, out)
+        if choice.get("finish_reason") is not None:
+            self._finish = choice["finish_reason"]
+            self._matched = choice.get("matched_stop")
+
+    def _start(self, obj: dict[str, Any]) -> bytes:
+        message: dict[str, Any] = {
+            "id": message_id(obj.get("id")),
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage_of(obj.get("usage")),
+        }
+        return _event(b"message_start", {"type": "message_start", "message": message})
+
+    def _delta(self, kind: tuple[bytes, bytes], value: Any) -> bytes:
+        return _DELTA % (self._index, *kind) + orjson.dumps(value) + b"}}\n\n"
+
+    def _open(self, kind: str, out: list[bytes], block: dict[str, Any] | None = None) -> None:
+        if self._block == kind and block is None:
+            return
+        self._close(out)
+        self._block = kind
+        self._index += 1
+        if block is None:
+            block = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
+        start = {"type": "content_block_start", "index": self._index, "content_block": block}
+        out.append(_event(b"content_block_start", start))
+
+    def _close(self, out: list[bytes]) -> None:
+        if self._block is not None:
+            out.append(_STOP_BLOCK % self._index)
+            self._block = None
+
+    def _tool_call(self, call: Any, out: list[bytes]) -> None:
+        if not isinstance(call, dict):
+            return
+        function = call.get("function") or {}
+        index = call.get("index")
+        if call.get("id") or function.get("name") or self._block != "tool" or index != self._tool:
+            block: dict[str, Any] = {
+                "type": "tool_use",
+                "id": call.get("id") or "",
+                "name": function.get("name") or "",
+                "input": {},
+            }
+            self._open("tool", out, block)
+            self._tool = index
+        arguments = function.get("arguments")
+        if arguments:
+            out.append(self._delta(_JSON, arguments))
+
+    def _end(self, out: list[bytes]) -> None:
+        self._close(out)
+        reason, sequence = stop_reason(self._finish, self._matched)
+        usage: dict[str, Any] = usage_of(self._raw_usage)
+        length = self.usage.accept_length if self.usage is not None else None
+        if self._expose and length is not None:
+            usage[ACCEPT_LENGTH_FIELD] = round(length, 4)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        data = {"type": "message_delta", "delta": delta, "usage": usage}
+        out.append(_event(b"message_delta", data))
+        out.append(_MESSAGE_STOP)
