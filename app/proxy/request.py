@@ -31,6 +31,7 @@ import orjson
 
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.proxy.bounds import choices, patch_max_tokens
 from app.proxy.fields import (
     ABSENT,
     ROLES,
@@ -84,8 +85,12 @@ class ParsedRequest:
         return b"".join(self.upstream_parts(rid))
 
 
-_INT = msgspec.json.Decoder(int)
 _MESSAGES = msgspec.json.Decoder(list[Message])
+_TOKEN_FIELDS = {
+    Route.CHAT: ("max_tokens", "max_completion_tokens"),
+    Route.COMPLETIONS: ("max_tokens",),
+}
+_CHOICE_FIELDS = {Route.CHAT: ("n",), Route.COMPLETIONS: ("n", "best_of")}
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _UNKNOWN = "Object contains unknown field `"
 _AT = re.compile(r" - at `\$\.(\w+)(?:\[(\d+)\])?(?:\.(\w+))?`$")
@@ -142,7 +147,7 @@ def parse_request(
     served = aliases.get(model, model)
     if served != model:
         patch["model"] = orjson.dumps(served)
-    _patch_max_tokens(body, route, limits, patch)
+    patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)
     if stream and not client_wants_usage:
         # Forced so the gateway always sees token counts; the chunk is dropped on the way back.
         patch["stream_options"] = _usage_options(options)
@@ -159,7 +164,9 @@ def parse_request(
         stream=stream,
         client_wants_usage=client_wants_usage,
         client_wants_meta_info=client_wants_meta_info,
-        choices=_choices(body, route, limits.max_n),
+        choices=choices(
+            body, ("n", "best_of") if route is Route.COMPLETIONS else ("n",), limits.max_n
+        ),
         user=body.user,
         conversation=conversation,
         dropped=dropped,
@@ -308,48 +315,6 @@ def _usage_options(options: StreamOptions | None) -> bytes:
         return b'{"include_usage":true}'
     stats = bytes(options.continuous_usage_stats)
     return b'{"include_usage":true,"continuous_usage_stats":' + stats + b"}"
-
-
-def _patch_max_tokens(
-    body: Any, route: Route, limits: LimitsConfig, patch: dict[str, bytes]
-) -> None:
-    names = ("max_tokens", "max_completion_tokens") if route is Route.CHAT else ("max_tokens",)
-    present = False
-    for name in names:
-        value = getattr(body, name)
-        if value is None or value is msgspec.UNSET:
-            continue
-        if value < 1:
-            raise _fail(f"{name}: must be a positive integer", name)
-        if value >= 2**63:
-            raise _fail(f"{name}: must be a positive integer below 2^63", name)
-        present = True
-        if value > limits.max_tokens_cap:
-            patch[name] = b"%d" % limits.max_tokens_cap
-    if not present and limits.default_max_tokens is not None:
-        patch["max_tokens"] = b"%d" % min(limits.default_max_tokens, limits.max_tokens_cap)
-
-
-def _choices(body: Any, route: Route, max_n: int) -> int:
-    """``n`` (1 when absent or null); ``n`` and ``best_of`` must be JSON integers from 1 to
-    ``max_n``: anything else is refused here, since the worker's validation would read
-    ``100.0`` or ``"100"`` as 100 and so get past the bound."""
-    choices = 1
-    for name in ("n", "best_of") if route is Route.COMPLETIONS else ("n",):
-        value = getattr(body, name)
-        if not value or bytes(value) == b"null":
-            continue
-        try:
-            number = _INT.decode(value)
-        except msgspec.ValidationError:
-            raise _fail(f"{name}: must be an integer from 1 to {max_n}", name) from None
-        if number < 1:
-            raise _fail(f"{name}: must be an integer from 1 to {max_n}", name)
-        if number > max_n:
-            raise _fail(f"{name}: at most {max_n} choices per request", name)
-        if name == "n" and number >= 1:
-            choices = number
-    return choices
 
 
 def _head(
