@@ -57,6 +57,7 @@ async def test_openapi_documents_the_public_bodies() -> None:
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/models",
+        "/v1/models/{model}",
         "/v1/messages",
         "/v1/messages/count_tokens",
     }
