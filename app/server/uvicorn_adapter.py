@@ -8,8 +8,9 @@ names any attribute a new release lacks.
 
 ``HttpConnection`` is uvicorn's protocol seen through a few hooks, named for what happens on the
 connection (``opened``, ``read_done``, ``head_began``, ``head_piece``, ``head_completed``,
-``message_completed``, ``closed``, ``unparsable``), and a few services (``respond_and_close``,
-``stop_request``, ``open_connections``, ``target``). ``app.server.guard`` fills in the hooks.
+``message_completed``, ``response_ended``, ``closed``, ``unparsable``), and a few services
+(``respond_and_close``, ``stop_request``, ``waiting``, ``open_connections``, ``target``).
+``app.server.guard`` fills in the hooks.
 
 ``ResponseLane`` is one request's chunked body writes straight to the transport
 (``app.proxy.direct.DirectBody``). ``Server`` is ``uvicorn.Server`` with its signal handling
@@ -38,13 +39,27 @@ LINGER_BYTES = 1 << 20
 class ResponseLane:
     """Chunked body writes on one request's connection (``cycle``: uvicorn's request cycle)."""
 
-    __slots__ = ("_cycle", "_flow", "_on_gone", "_transport")
+    __slots__ = ("_cycle", "_flow", "_on_gone", "_stopped", "_transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
         self._transport = cycle.transport
         self._flow = cycle.flow
         self._on_gone: Callable[[], None] | None = None
+        self._stopped = False
+
+    def stopped(self) -> bool:
+        """The server answered this request itself (``HttpConnection.stop_request``): its
+        application sees a disconnect and must neither answer nor record it."""
+        return self._stopped
+
+    def serves(self, cycle: RequestResponseCycle | None) -> bool:
+        return self._cycle is cycle
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._cycle.disconnected = True
+        self._cycle.message_event.set()
 
     def watch(self, on_gone: Callable[[], None]) -> None:
         """Call ``on_gone`` (once) when the client's connection is lost: what a pending ASGI
@@ -100,6 +115,11 @@ class HttpConnection(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._lingering: asyncio.TimerHandle | None = None
         self._dropped = 0
+        self._in_head = False  # a request's first byte was parsed, its headers are not complete
+        # Requests on this connection still answering, oldest first (more than one only when
+        # pipelined: uvicorn answers them in order).
+        self._lanes: list[ResponseLane] = []
+        self._held: bytes | None = None  # a refusal waiting for an earlier response to end
 
     # -- hooks --------------------------------------------------------------------------------
     def opened(self) -> None:
@@ -122,6 +142,10 @@ class HttpConnection(HttpToolsProtocol):
     def message_completed(self) -> None:
         """The request's body is complete."""
 
+    def response_ended(self) -> None:
+        """A response ended and the connection is open: the next request, if one is queued
+        behind it, is now answered and read."""
+
     def closed(self) -> None:
         """The connection is gone."""
 
@@ -143,25 +167,53 @@ class HttpConnection(HttpToolsProtocol):
         client = self.client
         return f"{client[0]}:{client[1]}" if client else "unknown"
 
+    def waiting(self) -> bool:
+        """An earlier request's response on this connection is not complete: the current request
+        (or the head being read) waits behind it."""
+        current = None if self._in_head else self.cycle
+        return any(not lane.complete() and not lane.serves(current) for lane in self._lanes)
+
     def stop_request(self) -> bool:
-        """Stop the current request. Its application sees a disconnect from now on and what it
-        sends is dropped; True. If its response is already under way it is left to finish, the
-        connection is read no more and closed after it; False."""
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if cycle.response_started:
-                cycle.keep_alive = False
-                self.flow.pause_reading()
-                return False
+        """Stop the current request so that the server answers it: True. Its application (running
+        or queued behind an earlier request) sees a disconnect from now on, what it sends is
+        dropped and it records nothing (``ResponseLane.stopped``); a head still being read has no
+        application yet, and earlier requests are left to finish. False when the request has an
+        answer of its own: one under way is left to finish, the connection is read no more and
+        closed after it; a complete one (sent before the body came) closes the connection now."""
+        cycle = None if self._in_head else self.cycle
+        if cycle is None:
+            return True
+        if cycle.response_complete:
+            self.close()
+            return False
+        if cycle.response_started:
+            cycle.keep_alive = False
+            self.flow.pause_reading()
+            return False
+        for lane in self._lanes:
+            if lane.serves(cycle):
+                lane.stop()
+                self._lanes.remove(lane)
+                break
+        else:
             cycle.disconnected = True
             cycle.message_event.set()
+        for queued in list(self.pipeline):
+            if queued[0] is cycle:
+                self.pipeline.remove(queued)
         return True
 
     def respond_and_close(self, raw: bytes) -> None:
         """Write ``raw`` (a whole HTTP response) and close: half-close at once, drop what the
-        client still sends for up to ``LINGER_S``, then close."""
+        client still sends for up to ``LINGER_S``, then close. While an earlier response on the
+        connection is under way nothing is written in its midst: the connection is read no more,
+        and ``raw`` follows once the earlier responses ended."""
         transport = self.transport
         if transport is None or transport.is_closing() or self._lingering is not None:
+            return
+        if self.waiting():
+            self._held = raw
+            self.flow.pause_reading()
             return
         transport.write(raw)
         if not transport.can_write_eof():
@@ -182,7 +234,7 @@ class HttpConnection(HttpToolsProtocol):
         self.opened()
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering is not None:  # refused: drop it
+        if self._lingering is not None or self._held is not None:  # refused: drop it
             self._dropped += len(data)
             if self._dropped > LINGER_BYTES:
                 self.transport.close()
@@ -195,6 +247,9 @@ class HttpConnection(HttpToolsProtocol):
         if self._lingering is not None:
             self._lingering.cancel()
         super().connection_lost(exc)
+        lanes, self._lanes = self._lanes, []
+        for lane in lanes:
+            lane.gone()
         self.closed()
 
     def send_400_response(self, msg: str) -> None:
@@ -202,6 +257,7 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head = True
         self.head_began()
 
     def on_url(self, url: bytes) -> None:
@@ -214,13 +270,31 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._in_head = False
         cycle = self.cycle
-        upgrade = cycle is None or cycle.scope is not self.scope
-        self.head_completed(None if upgrade else ResponseLane(cycle))
+        if cycle is None or cycle.scope is not self.scope:  # an upgrade
+            self.head_completed(None)
+            return
+        lane = ResponseLane(cycle)
+        self._lanes = [each for each in self._lanes if not each.complete()]
+        self._lanes.append(lane)
+        self.head_completed(lane)
 
     def on_message_complete(self) -> None:
         self.message_completed()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self._held is None:
+            self.response_ended()
+        elif self.waiting():
+            self.flow.pause_reading()  # uvicorn resumed reading for the next queued request
+        else:
+            raw, self._held = self._held, None
+            self.respond_and_close(raw)
 
 
 class Server(uvicorn.Server):
