@@ -14,8 +14,9 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
 - the body within ``body_s`` of the headers;
 - a pipelined request (sent before the answer to the one ahead of it ended) is not read until
   that answer ends: its clocks start then;
-- request line + headers at most ``max_header_bytes``, counted as bytes arrive: a header line
-  that never ends is refused once it passes the limit, not buffered.
+- the head (request line, headers, blank line) at most ``max_header_bytes``, counted as bytes
+  arrive (``HttpConnection.head_size``): a header line that never ends is refused once it passes
+  the limit, not buffered, and the verdict does not depend on how the head was split into reads.
 
 Over a limit the client gets a 408, 431 or 503 (OpenAI-shaped JSON, ``Connection: close``, an
 ``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response already
@@ -98,11 +99,7 @@ class GuardedConnection(HttpConnection):
         # A phase (its length, what to do then) whose clock has not started: the request waits
         # behind an earlier response on the connection and cannot be read until that ends.
         self._deferred: tuple[float, Callable[[], None]] | None = None
-        self._header_bytes = 0  # request target + complete header lines, as parsed
-        self._head_read = 0  # bytes read while the request's head was incomplete
         self._begun = False  # a request's first byte arrived and its headers are not complete
-        self._fresh = False  # ... and that first byte came in the current read
-        self._ended = False  # a request's body ended in the current read (pipelining)
 
     # Timer plumbing
     def _expect(self, delay: float, callback: Callable[[], None]) -> None:
@@ -140,13 +137,9 @@ class GuardedConnection(HttpConnection):
         self._sync()
 
     def read_done(self, size: int) -> None:
-        if self._begun:  # the head is still incomplete: all of this read was head bytes
-            if not (self._fresh and self._ended):  # (unless it also ended a pipelined request)
-                self._head_read += size
-            if self._head_read > self.limits.max_header_bytes:
-                self._too_large()
-                return
-        self._fresh = self._ended = False
+        if self._begun and self.head_size > self.limits.max_header_bytes:
+            self._too_large()
+            return
         self._sync()
 
     def closed(self) -> None:
@@ -161,20 +154,18 @@ class GuardedConnection(HttpConnection):
 
     def unparsable(self) -> None:
         # httptools reports an exception raised in a callback as a parse error.
-        if self._header_bytes > self.limits.max_header_bytes:
+        if self.head_size > self.limits.max_header_bytes:
             self._too_large()
         else:
             self._refuse(InvalidRequest("the request is not valid HTTP/1.1", code="bad_request"))
 
     def head_began(self) -> None:
-        self._header_bytes = self._head_read = 0
-        self._begun = self._fresh = True
+        self._begun = True
         if self._want is None and self._deferred is None:  # a kept-alive connection's next one
             self._expect(self.limits.header_s, self._headers_too_slow)
 
-    def head_piece(self, size: int) -> None:
-        self._header_bytes += size
-        if self._header_bytes > self.limits.max_header_bytes:
+    def head_measured(self) -> None:
+        if self.head_size > self.limits.max_header_bytes:
             raise _HeadersOverLimit
 
     def head_completed(self, lane: ResponseLane | None) -> None:
@@ -187,7 +178,6 @@ class GuardedConnection(HttpConnection):
 
     def message_completed(self) -> None:
         self._want = self._deferred = None
-        self._ended = True
 
     # Limits
     def _too_large(self) -> None:

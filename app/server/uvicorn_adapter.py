@@ -7,10 +7,15 @@ checked against are pinned in ``pyproject.toml`` and ``tests/server/test_uvicorn
 names any attribute a new release lacks.
 
 ``HttpConnection`` is uvicorn's protocol seen through a few hooks, named for what happens on the
-connection (``opened``, ``read_done``, ``head_began``, ``head_piece``, ``head_completed``,
+connection (``opened``, ``read_done``, ``head_began``, ``head_measured``, ``head_completed``,
 ``message_completed``, ``response_ended``, ``closed``, ``unparsable``), and a few services
 (``respond_and_close``, ``stop_request``, ``waiting``, ``open_connections``, ``target``).
 ``app.server.guard`` fills in the hooks.
+
+``head_size`` is the raw size of the request's head (request line, header lines, blank line),
+counted as bytes arrive: the same whether the head comes in one read or many. (A head that begins
+in the read that ended the request before it, when pipelined, is counted from its parsed parts in
+that read: where exactly it began there is not known.)
 
 ``ResponseLane`` is one request's chunked body writes straight to the transport
 (``app.proxy.direct.DirectBody``). ``Server`` is ``uvicorn.Server`` with its signal handling
@@ -120,6 +125,13 @@ class HttpConnection(HttpToolsProtocol):
         # pipelined: uvicorn answers them in order).
         self._lanes: list[ResponseLane] = []
         self._held: bytes | None = None  # a refusal waiting for an earlier response to end
+        self.head_size = 0  # raw bytes of the current request's head so far
+        self._head_tail = b""  # its last bytes: a blank line may straddle two reads
+        self._parsed = 0  # its size as parsed: target + header lines (name: value CRLF)
+        self._read = b""  # the read being parsed
+        self._began_here = False  # the current head began in the read being parsed ...
+        self._mid_read = False  # ... after the request before it ended in that read
+        self._ended_here = False  # a request ended in the read being parsed
 
     # -- hooks --------------------------------------------------------------------------------
     def opened(self) -> None:
@@ -131,9 +143,9 @@ class HttpConnection(HttpToolsProtocol):
     def head_began(self) -> None:
         """A request's first byte was parsed."""
 
-    def head_piece(self, size: int) -> None:
-        """A piece of the request target or a whole header line was parsed (may raise to stop
-        parsing: the request is then ``unparsable``)."""
+    def head_measured(self) -> None:
+        """The request's head is complete and ``head_size`` is its final size; called before the
+        request is handed on (may raise to stop parsing: the request is then ``unparsable``)."""
 
     def head_completed(self, lane: ResponseLane | None) -> None:
         """The request's headers are complete and its ASGI call is scheduled (``lane``: its
@@ -150,7 +162,7 @@ class HttpConnection(HttpToolsProtocol):
         """The connection is gone."""
 
     def unparsable(self) -> None:
-        """The request could not be parsed (or a ``head_piece`` hook stopped it): answer it."""
+        """The request could not be parsed (or a ``head_measured`` hook stopped it): answer it."""
         super().send_400_response("Invalid HTTP request received.")
 
     # -- services -----------------------------------------------------------------------------
@@ -239,9 +251,37 @@ class HttpConnection(HttpToolsProtocol):
             if self._dropped > LINGER_BYTES:
                 self.transport.close()
             return
+        self._read = data
+        self._began_here = self._ended_here = False
         super().data_received(data)
-        if self._lingering is None and not self.transport.is_closing():
+        self._read = b""
+        if self._lingering is None and self._held is None and not self.transport.is_closing():
+            if self._in_head:
+                self._count_head(data)
             self.read_done(len(data))
+
+    def _count_head(self, data: bytes) -> None:
+        """A read ended with the head incomplete: count its head bytes."""
+        if not self._began_here:
+            self.head_size += len(data)
+        elif self._mid_read:
+            self.head_size = self._parsed
+        else:
+            self.head_size = len(data.lstrip(b"\r\n"))  # blank lines before a request are skipped
+        self._head_tail = (self._head_tail + data[-3:])[-3:]
+
+    def _final_head_size(self) -> int:
+        """The head's size once its blank line was parsed in the current read."""
+        data = self._read
+        if not self._began_here:
+            tail = self._head_tail
+            straddled = (tail + data[:3]).find(b"\r\n\r\n")
+            end = straddled - len(tail) if straddled >= 0 else data.find(b"\r\n\r\n")
+            return self.head_size + end + 4
+        if self._mid_read:  # method, spaces, version, CRLFs: as few as a valid head can have
+            return self._parsed + len(self.parser.get_method()) + 14
+        start = len(data) - len(data.lstrip(b"\r\n"))
+        return data.find(b"\r\n\r\n", start) + 4 - start
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._lingering is not None:
@@ -257,18 +297,23 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head = True
+        self._in_head = self._began_here = True
+        self._mid_read = self._ended_here
+        self.head_size = self._parsed = 0
+        self._head_tail = b""
         self.head_began()
 
     def on_url(self, url: bytes) -> None:
-        self.head_piece(len(url))
+        self._parsed += len(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_piece(len(name) + len(value) + 4)
+        self._parsed += len(name) + len(value) + 4
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self.head_size = self._final_head_size()
+        self.head_measured()
         super().on_headers_complete()
         self._in_head = False
         cycle = self.cycle
@@ -281,6 +326,7 @@ class HttpConnection(HttpToolsProtocol):
         self.head_completed(lane)
 
     def on_message_complete(self) -> None:
+        self._ended_here = True
         self.message_completed()
         super().on_message_complete()
 
