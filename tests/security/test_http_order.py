@@ -101,18 +101,19 @@ def _settled(gw: ManagedProcess, request_id: str) -> list[dict[str, Any]]:
 
 # A pipelined request's refusal never lands inside the answer ahead of it
 
+_STREAM = orjson.dumps(
+    {
+        "model": MODEL,
+        "stream": True,
+        "ignore_eos": True,
+        "max_tokens": STREAM_TOKENS,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+    }
+)
+
 
 def test_a_pipelined_request_waits_for_the_stream_ahead_of_it(gw: ManagedProcess) -> None:
-    body = orjson.dumps(
-        {
-            "model": MODEL,
-            "stream": True,
-            "ignore_eos": True,
-            "max_tokens": STREAM_TOKENS,
-            "messages": [{"role": "user", "content": "Tell me a long story."}],
-        }
-    )
-    first = _head(CHAT, len(body), b"X-Request-Id: pipe-first\r\n") + body
+    first = _head(CHAT, len(_STREAM), b"X-Request-Id: pipe-first\r\n") + _STREAM
     # The next request's head and the start of its body; the rest never comes.
     second = _head(CHAT, 100, b"X-Request-Id: pipe-second\r\n") + b"{"
     with socket.create_connection(("127.0.0.1", gw.port), timeout=60) as sock:
@@ -130,17 +131,31 @@ def test_a_pipelined_request_waits_for_the_stream_ahead_of_it(gw: ManagedProcess
     assert streamed["completion_tokens"] == STREAM_TOKENS
 
 
+def test_a_pipelined_refusal_follows_the_stream_ahead_of_it(gw: ManagedProcess) -> None:
+    first = _head(CHAT, len(_STREAM), b"X-Request-Id: pipe-431\r\n") + _STREAM
+    second = _head(CHAT, 2, b"X-Pad: %s\r\n" % (b"a" * MAX_HEADER_BYTES)) + b"{}"
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=60) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(first + second)
+        answer = _read_all(sock)
+    assert _status(answer) == 200
+    stream, _, after = answer.partition(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert after, "the stream did not end with its end marker and last chunk"
+    assert b"HTTP/1.1" not in stream.split(b"\r\n\r\n", 1)[1], "a response inside the stream"
+    assert _status(after) == 431
+
+
 # One slow body: one answer, one access line, one count
 
 
 def test_a_body_too_slow_is_recorded_once(gw: ManagedProcess) -> None:
     before_408, before_499 = _requests_total(gw, 408), _requests_total(gw, 499)
-    before = len(_access_lines(gw))
+    before = len(_settled(gw, "slow-before"))
     with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
         sock.sendall(_head(CHAT, 100, b"X-Request-Id: slow-body\r\n") + b'{"mo')
         answer = _read_all(sock)
     assert _status(answer) == 408
-    lines = _settled(gw, "slow-after")[before:]
+    lines = [line for line in _settled(gw, "slow-after")[before:] if line["route"] == CHAT]
     assert [line["status"] for line in lines] == [408, 200]
     assert _requests_total(gw, 408) == before_408 + 1
     assert _requests_total(gw, 499) == before_499
