@@ -147,6 +147,9 @@ async def serve(gw: Gateway, path: str, scope: Any, receive: Receive, send: Send
     except Exception as exc:
         if slot is not None:
             await release(slot)
+        lane = direct_body(scope)
+        if lane is not None and lane.stopped():  # the server answered and recorded it
+            return
         if not isinstance(exc, GatewayError):  # a bug: log it, never show it
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")

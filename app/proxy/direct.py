@@ -42,6 +42,10 @@ class DirectBody(Protocol):
     async def drain(self) -> None:
         """Until the client has caught up (at once if it has gone)."""
 
+    def stopped(self) -> bool:
+        """The server answered this request itself (e.g. a 408 for a body sent too slowly) and
+        recorded it: the application sees a disconnect and must neither answer nor record it."""
+
 
 def direct_body(scope: Any) -> DirectBody | None:
     extensions = scope.get("extensions")

@@ -4,7 +4,8 @@
 it reads (400 when one is repeated), the API key (401), the body's media type (415 unless
 ``application/json`` without a Content-Encoding: a browser's form or ``text/plain`` POST cannot
 reach a worker), the key's limits (429, before the body is read), the body (413 past the cap;
-499 when the client leaves while sending it), its validation (``app.proxy.request``, 400), the
+499 when the client leaves while sending it; nothing when the server answered the request itself,
+e.g. a 408 for a body too slow: it recorded that), its validation (``app.proxy.request``, 400), the
 model (404; 503 while no worker serves it or the gateway drains), then the proxy, which answers.
 Every error before the proxy runs is answered here in OpenAI shape, logged and counted
 (``app.api.access.reject``).
@@ -74,6 +75,9 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
     except Exception as exc:
         if slot is not None:
             await release(slot)
+        lane = direct_body(scope)
+        if lane is not None and lane.stopped():  # the server answered and recorded it
+            return
         if not isinstance(exc, GatewayError):  # a bug: log it, never show it
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")

@@ -12,17 +12,22 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
   of the request's first byte, on a kept-alive connection: uvicorn's own keep-alive timeout covers
   the idle time between requests);
 - the body within ``body_s`` of the headers;
-- request line + headers at most ``max_header_bytes``, counted as bytes arrive: a header line
-  that never ends is refused once it passes the limit, not buffered.
+- a pipelined request (sent before the answer to the one ahead of it ended) is not read until
+  that answer ends: its clocks start then;
+- the head (request line, headers, blank line) at most ``max_header_bytes``, counted as bytes
+  arrive (``HttpConnection.head_size``): a header line that never ends is refused once it passes
+  the limit, not buffered, and the verdict does not depend on how the head was split into reads.
 
 Over a limit the client gets a 408, 431 or 503 (JSON in OpenAI's shape, Anthropic's on the Messages
 routes; ``Connection: close``, an ``X-Request-Id``) if nothing was answered yet, and the connection
-is closed; a response already under way is left to finish. An unparsable request gets a 400 the
-same way. Each such answer is reported (``Report``: an access-log line and ``requests_total``). A
-connection on which no request began is closed without an answer (a client that opened it early
-must not read a 408 as the answer to the request it sends later). The cost is one timer per request
-phase left unfinished by a read (``loop.call_at``; none for a request that arrives whole), nothing
-per body chunk.
+is closed; a response already under way is left to finish (the request's own: no second answer;
+an earlier pipelined one's: the refusal follows it, never in its midst). An unparsable request
+gets a 400 the same way. Each such answer is reported (``Report``: an access-log line and
+``requests_total``), and only there: the stopped request's application records nothing
+(``ResponseLane.stopped``). A connection on which no request began is closed without an answer
+(a client that opened it early must not read a 408 as the answer to the request it sends later).
+The cost is one timer per request phase left unfinished by a read (``loop.call_at``; none for a
+request that arrives whole), nothing per body chunk.
 
 The protocol also offers each request the ``app.proxy.direct`` extension (stream chunks written
 without ASGI ``send``).
@@ -92,16 +97,17 @@ class GuardedConnection(HttpConnection):
         # one read costs no timer at all.
         self._want: tuple[float, Callable[[], None]] | None = None
         self._armed: tuple[float, Callable[[], None]] | None = None
-        self._header_bytes = 0  # request target + complete header lines, as parsed
-        self._head_read = 0  # bytes read while the request's head was incomplete
+        # A phase (its length, what to do then) whose clock has not started: the request waits
+        # behind an earlier response on the connection and cannot be read until that ends.
+        self._deferred: tuple[float, Callable[[], None]] | None = None
         self._begun = False  # a request's first byte arrived and its headers are not complete
-        self._fresh = False  # ... and that first byte came in the current read
-        self._ended = False  # a request's body ended in the current read (pipelining)
-        self._directs: list[ResponseLane] = []  # told when the connection is lost
 
     # Timer plumbing
     def _expect(self, delay: float, callback: Callable[[], None]) -> None:
-        self._want = (self.loop.time() + delay, callback)
+        if self.waiting():
+            self._want, self._deferred = None, (delay, callback)
+        else:
+            self._want, self._deferred = (self.loop.time() + delay, callback), None
 
     def _sync(self) -> None:
         want = self._want
@@ -132,38 +138,35 @@ class GuardedConnection(HttpConnection):
         self._sync()
 
     def read_done(self, size: int) -> None:
-        if self._begun:  # the head is still incomplete: all of this read was head bytes
-            if not (self._fresh and self._ended):  # (unless it also ended a pipelined request)
-                self._head_read += size
-            if self._head_read > self.limits.max_header_bytes:
-                self._too_large()
-                return
-        self._fresh = self._ended = False
+        if self._begun and self.head_size > self.limits.max_header_bytes:
+            self._too_large()
+            return
         self._sync()
 
     def closed(self) -> None:
-        self._want = None
+        self._want = self._deferred = None
         self._disarm()
-        for direct in self._directs:
-            direct.gone()
-        self._directs = []
+
+    def response_ended(self) -> None:
+        deferred = self._deferred
+        if deferred is not None and not self.waiting():
+            self._expect(*deferred)
+            self._sync()
 
     def unparsable(self) -> None:
         # httptools reports an exception raised in a callback as a parse error.
-        if self._header_bytes > self.limits.max_header_bytes:
+        if self.head_size > self.limits.max_header_bytes:
             self._too_large()
         else:
             self._refuse(InvalidRequest("the request is not valid HTTP/1.1", code="bad_request"))
 
     def head_began(self) -> None:
-        self._header_bytes = self._head_read = 0
-        self._begun = self._fresh = True
-        if self._want is None:  # a kept-alive connection's next request
+        self._begun = True
+        if self._want is None and self._deferred is None:  # a kept-alive connection's next one
             self._expect(self.limits.header_s, self._headers_too_slow)
 
-    def head_piece(self, size: int) -> None:
-        self._header_bytes += size
-        if self._header_bytes > self.limits.max_header_bytes:
+    def head_measured(self) -> None:
+        if self.head_size > self.limits.max_header_bytes:
             raise _HeadersOverLimit
 
     def head_completed(self, lane: ResponseLane | None) -> None:
@@ -172,14 +175,10 @@ class GuardedConnection(HttpConnection):
             # The relay's lane around ASGI send for stream chunks (app.proxy.direct).
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[EXTENSION] = lane
-            # Requests on this connection still answering (more than one only when pipelined).
-            self._directs = [d for d in self._directs if not d.complete()]
-            self._directs.append(lane)
         self._expect(self.limits.body_s, self._body_too_slow)
 
     def message_completed(self) -> None:
-        self._want = None
-        self._ended = True
+        self._want = self._deferred = None
 
     # Limits
     def _too_large(self) -> None:
@@ -202,7 +201,7 @@ class GuardedConnection(HttpConnection):
         if transport is None or transport.is_closing():
             return
         log.info("closing the connection from %s: %s", self.peer(), error.message)
-        self._want = None
+        self._want = self._deferred = None
         self._disarm()
         if not self.stop_request():  # an answer is under way: it finishes, then the close
             return

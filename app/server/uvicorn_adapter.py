@@ -7,9 +7,15 @@ checked against are pinned in ``pyproject.toml`` and ``tests/server/test_uvicorn
 names any attribute a new release lacks.
 
 ``HttpConnection`` is uvicorn's protocol seen through a few hooks, named for what happens on the
-connection (``opened``, ``read_done``, ``head_began``, ``head_piece``, ``head_completed``,
-``message_completed``, ``closed``, ``unparsable``), and a few services (``respond_and_close``,
-``stop_request``, ``open_connections``, ``target``). ``app.server.guard`` fills in the hooks.
+connection (``opened``, ``read_done``, ``head_began``, ``head_measured``, ``head_completed``,
+``message_completed``, ``response_ended``, ``closed``, ``unparsable``), and a few services
+(``respond_and_close``, ``stop_request``, ``waiting``, ``open_connections``, ``target``).
+``app.server.guard`` fills in the hooks.
+
+``head_size`` is the raw size of the request's head (request line, header lines, blank line),
+counted as bytes arrive: the same whether the head comes in one read or many. (A head that begins
+in the read that ended the request before it, when pipelined, is counted from its parsed parts in
+that read: where exactly it began there is not known.)
 
 ``ResponseLane`` is one request's chunked body writes straight to the transport
 (``app.proxy.direct.DirectBody``). ``Server`` is ``uvicorn.Server`` with its signal handling
@@ -38,13 +44,27 @@ LINGER_BYTES = 1 << 20
 class ResponseLane:
     """Chunked body writes on one request's connection (``cycle``: uvicorn's request cycle)."""
 
-    __slots__ = ("_cycle", "_flow", "_on_gone", "_transport")
+    __slots__ = ("_cycle", "_flow", "_on_gone", "_stopped", "_transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
         self._transport = cycle.transport
         self._flow = cycle.flow
         self._on_gone: Callable[[], None] | None = None
+        self._stopped = False
+
+    def stopped(self) -> bool:
+        """The server answered this request itself (``HttpConnection.stop_request``): its
+        application sees a disconnect and must neither answer nor record it."""
+        return self._stopped
+
+    def serves(self, cycle: RequestResponseCycle | None) -> bool:
+        return self._cycle is cycle
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._cycle.disconnected = True
+        self._cycle.message_event.set()
 
     def watch(self, on_gone: Callable[[], None]) -> None:
         """Call ``on_gone`` (once) when the client's connection is lost: what a pending ASGI
@@ -100,6 +120,18 @@ class HttpConnection(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._lingering: asyncio.TimerHandle | None = None
         self._dropped = 0
+        self._in_head = False  # a request's first byte was parsed, its headers are not complete
+        # Requests on this connection still answering, oldest first (more than one only when
+        # pipelined: uvicorn answers them in order).
+        self._lanes: list[ResponseLane] = []
+        self._held: bytes | None = None  # a refusal waiting for an earlier response to end
+        self.head_size = 0  # raw bytes of the current request's head so far
+        self._head_tail = b""  # its last bytes: a blank line may straddle two reads
+        self._parsed = 0  # its size as parsed: target + header lines (name: value CRLF)
+        self._read = b""  # the read being parsed
+        self._began_here = False  # the current head began in the read being parsed ...
+        self._mid_read = False  # ... after the request before it ended in that read
+        self._ended_here = False  # a request ended in the read being parsed
 
     # -- hooks --------------------------------------------------------------------------------
     def opened(self) -> None:
@@ -111,9 +143,9 @@ class HttpConnection(HttpToolsProtocol):
     def head_began(self) -> None:
         """A request's first byte was parsed."""
 
-    def head_piece(self, size: int) -> None:
-        """A piece of the request target or a whole header line was parsed (may raise to stop
-        parsing: the request is then ``unparsable``)."""
+    def head_measured(self) -> None:
+        """The request's head is complete and ``head_size`` is its final size; called before the
+        request is handed on (may raise to stop parsing: the request is then ``unparsable``)."""
 
     def head_completed(self, lane: ResponseLane | None) -> None:
         """The request's headers are complete and its ASGI call is scheduled (``lane``: its
@@ -122,11 +154,15 @@ class HttpConnection(HttpToolsProtocol):
     def message_completed(self) -> None:
         """The request's body is complete."""
 
+    def response_ended(self) -> None:
+        """A response ended and the connection is open: the next request, if one is queued
+        behind it, is now answered and read."""
+
     def closed(self) -> None:
         """The connection is gone."""
 
     def unparsable(self) -> None:
-        """The request could not be parsed (or a ``head_piece`` hook stopped it): answer it."""
+        """The request could not be parsed (or a ``head_measured`` hook stopped it): answer it."""
         super().send_400_response("Invalid HTTP request received.")
 
     # -- services -----------------------------------------------------------------------------
@@ -143,25 +179,53 @@ class HttpConnection(HttpToolsProtocol):
         client = self.client
         return f"{client[0]}:{client[1]}" if client else "unknown"
 
+    def waiting(self) -> bool:
+        """An earlier request's response on this connection is not complete: the current request
+        (or the head being read) waits behind it."""
+        current = None if self._in_head else self.cycle
+        return any(not lane.complete() and not lane.serves(current) for lane in self._lanes)
+
     def stop_request(self) -> bool:
-        """Stop the current request. Its application sees a disconnect from now on and what it
-        sends is dropped; True. If its response is already under way it is left to finish, the
-        connection is read no more and closed after it; False."""
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if cycle.response_started:
-                cycle.keep_alive = False
-                self.flow.pause_reading()
-                return False
+        """Stop the current request so that the server answers it: True. Its application (running
+        or queued behind an earlier request) sees a disconnect from now on, what it sends is
+        dropped and it records nothing (``ResponseLane.stopped``); a head still being read has no
+        application yet, and earlier requests are left to finish. False when the request has an
+        answer of its own: one under way is left to finish, the connection is read no more and
+        closed after it; a complete one (sent before the body came) closes the connection now."""
+        cycle = None if self._in_head else self.cycle
+        if cycle is None:
+            return True
+        if cycle.response_complete:
+            self.close()
+            return False
+        if cycle.response_started:
+            cycle.keep_alive = False
+            self.flow.pause_reading()
+            return False
+        for lane in self._lanes:
+            if lane.serves(cycle):
+                lane.stop()
+                self._lanes.remove(lane)
+                break
+        else:
             cycle.disconnected = True
             cycle.message_event.set()
+        for queued in list(self.pipeline):
+            if queued[0] is cycle:
+                self.pipeline.remove(queued)
         return True
 
     def respond_and_close(self, raw: bytes) -> None:
         """Write ``raw`` (a whole HTTP response) and close: half-close at once, drop what the
-        client still sends for up to ``LINGER_S``, then close."""
+        client still sends for up to ``LINGER_S``, then close. While an earlier response on the
+        connection is under way nothing is written in its midst: the connection is read no more,
+        and ``raw`` follows once the earlier responses ended."""
         transport = self.transport
         if transport is None or transport.is_closing() or self._lingering is not None:
+            return
+        if self.waiting():
+            self._held = raw
+            self.flow.pause_reading()
             return
         transport.write(raw)
         if not transport.can_write_eof():
@@ -182,19 +246,50 @@ class HttpConnection(HttpToolsProtocol):
         self.opened()
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering is not None:  # refused: drop it
+        if self._lingering is not None or self._held is not None:  # refused: drop it
             self._dropped += len(data)
             if self._dropped > LINGER_BYTES:
                 self.transport.close()
             return
+        self._read = data
+        self._began_here = self._ended_here = False
         super().data_received(data)
-        if self._lingering is None and not self.transport.is_closing():
+        self._read = b""
+        if self._lingering is None and self._held is None and not self.transport.is_closing():
+            if self._in_head:
+                self._count_head(data)
             self.read_done(len(data))
+
+    def _count_head(self, data: bytes) -> None:
+        """A read ended with the head incomplete: count its head bytes."""
+        if not self._began_here:
+            self.head_size += len(data)
+        elif self._mid_read:
+            self.head_size = self._parsed
+        else:
+            self.head_size = len(data.lstrip(b"\r\n"))  # blank lines before a request are skipped
+        self._head_tail = (self._head_tail + data[-3:])[-3:]
+
+    def _final_head_size(self) -> int:
+        """The head's size once its blank line was parsed in the current read."""
+        data = self._read
+        if not self._began_here:
+            tail = self._head_tail
+            straddled = (tail + data[:3]).find(b"\r\n\r\n")
+            end = straddled - len(tail) if straddled >= 0 else data.find(b"\r\n\r\n")
+            return self.head_size + end + 4
+        if self._mid_read:  # method, spaces, version, CRLFs: as few as a valid head can have
+            return self._parsed + len(self.parser.get_method()) + 14
+        start = len(data) - len(data.lstrip(b"\r\n"))
+        return data.find(b"\r\n\r\n", start) + 4 - start
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._lingering is not None:
             self._lingering.cancel()
         super().connection_lost(exc)
+        lanes, self._lanes = self._lanes, []
+        for lane in lanes:
+            lane.gone()
         self.closed()
 
     def send_400_response(self, msg: str) -> None:
@@ -202,25 +297,50 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head = self._began_here = True
+        self._mid_read = self._ended_here
+        self.head_size = self._parsed = 0
+        self._head_tail = b""
         self.head_began()
 
     def on_url(self, url: bytes) -> None:
-        self.head_piece(len(url))
+        self._parsed += len(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_piece(len(name) + len(value) + 4)
+        self._parsed += len(name) + len(value) + 4
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self.head_size = self._final_head_size()
+        self.head_measured()
         super().on_headers_complete()
+        self._in_head = False
         cycle = self.cycle
-        upgrade = cycle is None or cycle.scope is not self.scope
-        self.head_completed(None if upgrade else ResponseLane(cycle))
+        if cycle is None or cycle.scope is not self.scope:  # an upgrade
+            self.head_completed(None)
+            return
+        lane = ResponseLane(cycle)
+        self._lanes = [each for each in self._lanes if not each.complete()]
+        self._lanes.append(lane)
+        self.head_completed(lane)
 
     def on_message_complete(self) -> None:
+        self._ended_here = True
         self.message_completed()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self._held is None:
+            self.response_ended()
+        elif self.waiting():
+            self.flow.pause_reading()  # uvicorn resumed reading for the next queued request
+        else:
+            raw, self._held = self._held, None
+            self.respond_and_close(raw)
 
 
 class Server(uvicorn.Server):

@@ -65,6 +65,7 @@ def test_the_protocol_and_request_cycle_have_what_the_adapter_uses() -> None:
         "on_header",
         "on_headers_complete",
         "on_message_complete",
+        "on_response_complete",
     ]
     _require(protocol, hooks, "HttpToolsProtocol")
     params = list(inspect.signature(protocol.__init__).parameters)
@@ -76,6 +77,7 @@ def test_the_protocol_and_request_cycle_have_what_the_adapter_uses() -> None:
         config.load()
         conn = HttpConnection(config=config, server_state=ServerState(), app_state={}, _loop=loop)
         fields = ["transport", "flow", "cycle", "scope", "connections", "client", "loop"]
+        fields += ["pipeline", "parser"]
         _require(conn, fields, "an HttpToolsProtocol instance")
         conn.on_message_begin()
         _require(conn, ["url"], "an HttpToolsProtocol instance after on_message_begin")
