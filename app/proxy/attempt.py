@@ -14,7 +14,13 @@ and the block raises ``UpstreamTimeout``, handled like any failed attempt), and
 it ends the request's own ``Scope``. On the way out the attempt settles once: its outcome,
 exactly one verdict for the worker's circuit breaker (``Worker.attempt_guard``), an abort on the
 worker unless the request finished there or provably never ran there (at most one per attempt),
-the response closed.
+the response closed. Once the worker's response began the abort goes out at once, before its
+connection drops; before that it waits until the attempt has stopped (at settling): sent earlier,
+it could reach the worker ahead of a request still being connected or written, and miss it.
+
+Time the worker's connection spends paused because the client is behind is not the worker's
+silence: the supervisor marks it (``held``) and the idle deadline counts from the later of that
+and the last upstream chunk.
 """
 
 from __future__ import annotations
@@ -125,6 +131,7 @@ class Attempt:
         "_spawn",
         "_verdict",
         "clock",
+        "held",
         "last_rx",
         "outcome",
         "reason",
@@ -150,6 +157,8 @@ class Attempt:
         self._guard: AbstractContextManager[Verdict] | None = None
         self._verdict: Verdict | None = None
         self.started = self.last_rx = self.clock()
+        # The last time the worker's connection was seen held back for a client that is behind.
+        self.held = self.started
         self.response: UpstreamResponse | None = None
         self.tally = Tally()
         self.outcome = Outcome.CANCELLED
@@ -174,7 +183,7 @@ class Attempt:
         """When the attempt times out (supervisor's clock): first byte, then idle."""
         if self.response is None:
             return self.started + self.sup.first_byte_s
-        return self.last_rx + self.sup.idle_s
+        return max(self.last_rx, self.held) + self.sup.idle_s
 
     def responded(self, response: UpstreamResponse) -> None:
         """The worker's response headers arrived (2xx)."""
@@ -184,11 +193,12 @@ class Attempt:
 
     async def abort(self, reason: Outcome) -> None:
         """Abort the attempt on its worker (once), recording why. The attempt itself runs on:
-        the caller ends it, or the whole request, next."""
+        the caller ends it, or the whole request, next. Before the worker's response began the
+        abort is sent when the attempt settles, after it stopped (see the module doc)."""
         if self.reason is not None or not self._scope.running:
             return
         self.reason = reason
-        if not self._aborted:
+        if not self._aborted and self.response is not None:
             self._aborted = True
             await self._abort(self.worker, self.rid)
 
