@@ -90,6 +90,7 @@ class RawWorker:
         self.rids: list[str] = []  # completion requests, by rid
         self.aborted: list[str] = []
         self.hung_up = asyncio.Event()  # the gateway closed a completion's connection
+        self.heard: list[str] = []  # "request <rid>", "abort <rid>", "hung up", in order
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -124,9 +125,11 @@ class RawWorker:
                 body = orjson.loads(await reader.readexactly(length)) if length else {}
                 if path == "/abort_request":
                     self.aborted.append(body["rid"])
+                    self.heard.append(f"abort {body['rid']}")
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                     continue
                 self.rids.append(body["rid"])
+                self.heard.append(f"request {body['rid']}")
                 if not await self._complete(reader, writer):
                     return
         finally:
@@ -143,6 +146,7 @@ class RawWorker:
             return True
         if self.mode == "hang":
             await reader.read()  # until the gateway hangs up
+            self.heard.append("hung up")
             self.hung_up.set()
             return False
         writer.write(
@@ -284,6 +288,30 @@ async def test_first_byte_deadline_aborts_once_and_answers_504(
     fields = _logged(access)
     assert fields["outcome"] is Outcome.UPSTREAM_TIMEOUT and fields["status"] == 504
     assert not job.committed and rig.pool.workers[0].in_flight == 0
+
+
+async def test_client_leaving_before_the_response_aborts_once_after_the_attempt_stopped(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    """The client leaves while the worker has not answered (prefill, a queue): the attempt is
+    stopped first and the abort goes out after it, once. Sent while the request may still be on
+    its way (connecting, writing), it could reach the worker first and miss the request."""
+    async with RawWorker("hang") as worker:
+        rig = Rig([worker])
+        client = Client()
+        _, task = await _run(rig, client)
+        await _poll(lambda: worker.rids)
+        client.gone.set()
+        await asyncio.wait_for(task, 10)
+        await rig.aclose()
+        await _until(worker.hung_up)
+
+    (rid,) = worker.rids
+    assert worker.heard == [f"request {rid}", "hung up", f"abort {rid}"]
+    assert rig.breakers[worker.url].heard == ["attempt", "released"]  # no verdict on the worker
+    assert rig.attempts(worker, Outcome.CANCELLED) == 1
+    fields = _logged(access)
+    assert fields["outcome"] is Outcome.CLIENT_DISCONNECT and fields["status"] == 499
 
 
 async def test_failed_attempt_is_retried_and_each_breaker_hears_one_verdict(
