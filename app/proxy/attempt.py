@@ -14,9 +14,10 @@ and the block raises ``UpstreamTimeout``, handled like any failed attempt), and
 it ends the request's own ``Scope``. On the way out the attempt settles once: its outcome,
 exactly one verdict for the worker's circuit breaker (``Worker.attempt_guard``), an abort on the
 worker unless the request finished there or provably never ran there (at most one per attempt),
-the response closed. Once the worker's response began the abort goes out at once, before its
-connection drops; before that it waits until the attempt has stopped (at settling): sent earlier,
-it could reach the worker ahead of a request still being connected or written, and miss it.
+the response closed. Once the request was handed to its connection (``sent``) the abort goes out
+at once, before the connection drops. Before that (still connecting) the attempt is stopped
+first, so the request is never written after its abort could have reached the worker (and missed
+it there); a request never written needs no abort at all.
 
 Time the worker's connection spends paused because the client is behind is not the worker's
 silence: the supervisor marks it (``held``) and the idle deadline counts from the later of that
@@ -141,6 +142,7 @@ class Attempt:
         "sup",
         "tally",
         "worker",
+        "written",
     )
 
     def __init__(
@@ -159,6 +161,7 @@ class Attempt:
         self.started = self.last_rx = self.clock()
         # The last time the worker's connection was seen held back for a client that is behind.
         self.held = self.started
+        self.written = False  # the request was handed to its connection: it may run there
         self.response: UpstreamResponse | None = None
         self.tally = Tally()
         self.outcome = Outcome.CANCELLED
@@ -185,6 +188,10 @@ class Attempt:
             return self.started + self.sup.first_byte_s
         return max(self.last_rx, self.held) + self.sup.idle_s
 
+    def sent(self) -> None:
+        """The request was handed to its connection (called by the upstream client)."""
+        self.written = True
+
     def responded(self, response: UpstreamResponse) -> None:
         """The worker's response headers arrived (2xx)."""
         self.response = response
@@ -193,12 +200,12 @@ class Attempt:
 
     async def abort(self, reason: Outcome) -> None:
         """Abort the attempt on its worker (once), recording why. The attempt itself runs on:
-        the caller ends it, or the whole request, next. Before the worker's response began the
-        abort is sent when the attempt settles, after it stopped (see the module doc)."""
+        the caller ends it, or the whole request, next. Before the request was written nothing
+        is sent: ended first, it is never written (see the module doc)."""
         if self.reason is not None or not self._scope.running:
             return
         self.reason = reason
-        if not self._aborted and self.response is not None:
+        if not self._aborted and self.written:
             self._aborted = True
             await self._abort(self.worker, self.rid)
 
@@ -257,10 +264,10 @@ class Attempt:
                 isinstance(error, UpstreamConnectError) and not self.receiving
             ):
                 abort = False
-        elif self.reason is Outcome.TIMEOUT:  # the whole request ran out of time meanwhile
+        elif self.reason is Outcome.TIMEOUT:  # the request ran out of time before it answered
             self.outcome, verdict.fault = Outcome.TIMEOUT, True
         else:  # the client left, the gateway stopped, or a fault in the gateway: no verdict
             self.outcome = Outcome.CANCELLED
-        if abort and not self._aborted:
+        if abort and self.written and not self._aborted:  # never written: it never ran there
             self._aborted = True
             self._spawn(self._abort(self.worker, self.rid))

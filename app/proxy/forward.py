@@ -305,7 +305,11 @@ class Proxy:
             async with attempt:  # ends on a deadline; settles outcome, breaker, abort, response
                 attempt.responded(
                     await self._client.open(
-                        worker, request.route.value, request.upstream_parts(rid), job.headers
+                        worker,
+                        request.route.value,
+                        request.upstream_parts(rid),
+                        job.headers,
+                        sent=attempt.sent,
                     )
                 )
                 if request.stream:

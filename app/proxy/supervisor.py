@@ -16,7 +16,9 @@ bytes to read), and the time its worker waits for it is not the worker's silence
 finds it behind marks the attempt ``held``, so the idle deadline counts from there and never
 blames the worker for it. A client that takes nothing for ``idle_s`` while it is behind is hung
 up on: its attempt is aborted (no verdict on the worker) and the scope ends with
-``CLIENT_TOO_SLOW``. The total deadline fires on time whatever the client does.
+``CLIENT_TOO_SLOW``. The total deadline fires on time whatever the client does; it is a fault of
+the worker's only if the worker had not answered by then (a client can fall behind where the
+gateway cannot see it, in the kernel's buffers: a streaming worker is never blamed for it).
 """
 
 from __future__ import annotations
@@ -256,9 +258,11 @@ class Supervisor:
         attempt = self.attempt
         total = self._total_deadline is not None and self._clock() >= self._total_deadline
         if total:  # the request is over: nothing more to supervise but the client
-            if attempt is not None:  # a worker kept waiting by the client is not at fault
-                behind = self._down.behind()
-                await attempt.abort(Outcome.CANCELLED if behind else Outcome.TIMEOUT)
+            if attempt is not None:
+                # The request's own limit, not the worker's: a worker that answered and streams
+                # (or waits for a client that is behind) is not at fault; one that never
+                # answered in all that time is.
+                await attempt.abort(Outcome.CANCELLED if attempt.receiving else Outcome.TIMEOUT)
             self.scope.end(Outcome.UPSTREAM_TIMEOUT)
             return
         if attempt is not None:
