@@ -7,7 +7,7 @@ enforces the first-byte / idle / total deadlines. It ends things through the obj
 them: a first-byte or idle deadline ends the running ``Attempt`` (aborted on its worker, then
 stopped: it fails like any attempt); the total deadline or the client leaving aborts the running
 attempt on its worker and then ends the request's ``scope`` (``app.proxy.attempt.Scope``), which
-raises ``Ended`` with the reason where the proxy runs it. Once a worker's response began it
+raises ``Ended`` with the reason where the proxy runs it. Once the request was written the worker
 hears "abort" before its connection drops.
 
 It never waits for the client. A client that is behind (it stopped reading, the buffers on the
