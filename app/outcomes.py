@@ -15,6 +15,9 @@ class Outcome(enum.StrEnum):
     # A request (the access log's outcome; stream_outcomes_total for streams).
     OK = "ok"  # also an attempt that relayed the whole response
     CLIENT_DISCONNECT = "client_disconnect"  # the client left (status 499)
+    # The client read nothing for timeouts.idle_s while it had bytes waiting: the gateway hung up
+    # on it and aborted its request on the worker (status 499, no fault of the worker's).
+    CLIENT_TOO_SLOW = "client_too_slow"
     UPSTREAM_ERROR = "upstream_error"  # the worker's error, or its in-band error event
     UPSTREAM_TIMEOUT = "upstream_timeout"  # a first-byte, idle or total deadline passed
     STREAM_BROKEN = "stream_broken"  # the worker's stream ended without [DONE]
@@ -34,6 +37,7 @@ class Outcome(enum.StrEnum):
 STREAM_OUTCOMES = (
     Outcome.OK,
     Outcome.CLIENT_DISCONNECT,
+    Outcome.CLIENT_TOO_SLOW,
     Outcome.UPSTREAM_ERROR,
     Outcome.UPSTREAM_TIMEOUT,
     Outcome.STREAM_BROKEN,

@@ -14,7 +14,14 @@ and the block raises ``UpstreamTimeout``, handled like any failed attempt), and
 it ends the request's own ``Scope``. On the way out the attempt settles once: its outcome,
 exactly one verdict for the worker's circuit breaker (``Worker.attempt_guard``), an abort on the
 worker unless the request finished there or provably never ran there (at most one per attempt),
-the response closed.
+the response closed. Once the request was handed to its connection (``sent``) the abort goes out
+at once, before the connection drops. Before that (still connecting) the attempt is stopped
+first, so the request is never written after its abort could have reached the worker (and missed
+it there); a request never written needs no abort at all.
+
+Time the worker's connection spends paused because the client is behind is not the worker's
+silence: the supervisor marks it (``held``) and the idle deadline counts from the later of that
+and the last upstream chunk.
 """
 
 from __future__ import annotations
@@ -125,6 +132,7 @@ class Attempt:
         "_spawn",
         "_verdict",
         "clock",
+        "held",
         "last_rx",
         "outcome",
         "reason",
@@ -134,6 +142,7 @@ class Attempt:
         "sup",
         "tally",
         "worker",
+        "written",
     )
 
     def __init__(
@@ -150,6 +159,9 @@ class Attempt:
         self._guard: AbstractContextManager[Verdict] | None = None
         self._verdict: Verdict | None = None
         self.started = self.last_rx = self.clock()
+        # The last time the worker's connection was seen held back for a client that is behind.
+        self.held = self.started
+        self.written = False  # the request was handed to its connection: it may run there
         self.response: UpstreamResponse | None = None
         self.tally = Tally()
         self.outcome = Outcome.CANCELLED
@@ -174,7 +186,11 @@ class Attempt:
         """When the attempt times out (supervisor's clock): first byte, then idle."""
         if self.response is None:
             return self.started + self.sup.first_byte_s
-        return self.last_rx + self.sup.idle_s
+        return max(self.last_rx, self.held) + self.sup.idle_s
+
+    def sent(self) -> None:
+        """The request was handed to its connection (called by the upstream client)."""
+        self.written = True
 
     def responded(self, response: UpstreamResponse) -> None:
         """The worker's response headers arrived (2xx)."""
@@ -184,11 +200,12 @@ class Attempt:
 
     async def abort(self, reason: Outcome) -> None:
         """Abort the attempt on its worker (once), recording why. The attempt itself runs on:
-        the caller ends it, or the whole request, next."""
+        the caller ends it, or the whole request, next. Before the request was written nothing
+        is sent: ended first, it is never written (see the module doc)."""
         if self.reason is not None or not self._scope.running:
             return
         self.reason = reason
-        if not self._aborted:
+        if not self._aborted and self.written:
             self._aborted = True
             await self._abort(self.worker, self.rid)
 
@@ -247,10 +264,10 @@ class Attempt:
                 isinstance(error, UpstreamConnectError) and not self.receiving
             ):
                 abort = False
-        elif self.reason is Outcome.TIMEOUT:  # the whole request ran out of time meanwhile
+        elif self.reason is Outcome.TIMEOUT:  # the request ran out of time before it answered
             self.outcome, verdict.fault = Outcome.TIMEOUT, True
         else:  # the client left, the gateway stopped, or a fault in the gateway: no verdict
             self.outcome = Outcome.CANCELLED
-        if abort and not self._aborted:
+        if abort and self.written and not self._aborted:  # never written: it never ran there
             self._aborted = True
             self._spawn(self._abort(self.worker, self.rid))

@@ -12,7 +12,9 @@ The gateway's server protocol (``app.server.guard``) offers this per request as 
 extension ``EXTENSION`` (implemented by ``app.server.uvicorn_adapter.ResponseLane``); under any
 other server (or an in-process test client) it is absent and the relay uses ``send``. It also
 tells the request when its client's connection is lost (``watch``), so the proxy's supervisor
-needs no task waiting on ``receive()`` for that.
+needs no task waiting on ``receive()`` for that, whether the client is behind (``behind``, whatever
+wrote last: ``send`` or the lane) and how much it has still to read (``pending``), and it can hang
+up on a client that reads nothing (``close``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ class DirectBody(Protocol):
     def stopped(self) -> bool:
         """The server answered this request itself (e.g. a 408 for a body sent too slowly) and
         recorded it: the application sees a disconnect and must neither answer nor record it."""
+
+    def behind(self) -> bool:
+        """The client is behind: its connection's write buffer is over the high-water mark (what
+        ``write`` returning True and ``send`` waiting mean)."""
+
+    def pending(self) -> int:
+        """Bytes written for the client and not yet taken by it."""
+
+    def close(self) -> None:
+        """Hang up at once, dropping what the client has not taken: for a client that reads
+        nothing. The request sees a disconnect from now on; what it sends is dropped."""
 
 
 def direct_body(scope: Any) -> DirectBody | None:

@@ -4,6 +4,10 @@
 error (any status) while nothing was sent, or an SSE error event + ``[DONE]`` once it was.
 ``send_error`` answers a whole request with an error. Errors and keep-alives take the shape of the
 request's API (``app.proxy.surface``: OpenAI's unless told otherwise).
+
+Under the gateway's own server (``app.proxy.direct``) it also knows whether the client is behind
+(``behind``: ``send`` would wait for it) and can hang up on it (``close``); the request's
+supervisor uses both and never waits for the client itself.
 """
 
 from __future__ import annotations
@@ -79,7 +83,40 @@ class Downstream:
             await self.start_stream()
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
+    def behind(self) -> bool:
+        """The client is behind: what is sent now waits until it catches up. Always False
+        without the server's lane (then nothing tells)."""
+        direct = self.direct_lane
+        return direct is not None and direct.behind()
+
+    def pending(self) -> int:
+        """Bytes sent and not yet taken by the client (0 without the server's lane)."""
+        direct = self.direct_lane
+        return direct.pending() if direct is not None else 0
+
+    def close(self) -> None:
+        """Hang up on the client at once (it takes nothing more); without the server's lane the
+        connection is closed when the request returns unfinished."""
+        direct = self.direct_lane
+        if direct is not None:
+            direct.close()
+
+    def keepalive_now(self) -> bool:
+        """``: keep-alive`` written straight to a started stream's connection, if the lane is
+        ready (never waits); False when it must go through ``send`` (``keepalive``)."""
+        direct = self.direct()
+        if direct is None:
+            return False
+        direct.write(self.shape.keepalive)
+        self.last_tx = self.clock()
+        return True
+
     async def keepalive(self) -> None:
+        """The keep-alive through ``send``; skipped if the client is behind by now (checked
+        with no wait between the check and the write, so it does not wait for the client under
+        the gateway's server)."""
+        if self.behind():
+            return
         await self.chunk(self.shape.keepalive)
         self.last_tx = self.clock()
 
@@ -107,9 +144,9 @@ class Downstream:
     async def fail(self, error: GatewayError) -> None:
         """The error as the whole response if nothing was sent yet, else in-band (OpenAI's: an
         error event + [DONE]; the shape's own otherwise)."""
-        if self.started:
-            await self.chunk(self.shape.error_events(error))
-            await self.end()
+        if self.started:  # one message: no wait for the client between the event and the end
+            body = self.shape.error_events(error)
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
             return
         self.started = True
         await send_error(self._send, error, self._request_id, self.shape)

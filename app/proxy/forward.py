@@ -8,8 +8,10 @@ becomes ``data: {"error": ...}`` + ``data: [DONE]``: never a silent truncation, 
 Each attempt is an ``Attempt`` (``app.proxy.attempt``): it owns the rid, the worker, the response,
 the deadlines and the abort, settles its outcome and breaker verdict, and raises
 ``UpstreamTimeout`` when the request's ``Supervisor`` ends it on a first-byte or idle deadline.
-The whole request runs in the supervisor's ``scope``: the total deadline or the client leaving
-ends it there (``Ended``), after the running attempt was aborted on its worker.
+The whole request runs in the supervisor's ``scope``, its error answer included: the total
+deadline, the client leaving or a client that reads nothing for ``timeouts.idle_s`` ends it
+there (``Ended``), after the running attempt was aborted on its worker. A request ended while its
+client is behind never waits for it: the gateway hangs up on it instead of sending the error.
 """
 
 from __future__ import annotations
@@ -139,19 +141,16 @@ class Proxy:
         record = job.record
         sup.start()
         try:
-            async with sup.scope:  # ended by the total deadline or the client leaving
+            async with sup.scope:  # ended by the total deadline, the client leaving or stalling
                 failed = await self._forward(job, down, sup)
-            if failed is not None:
-                await self._fail(job, down, *failed)
+                if failed is not None:
+                    await self._fail(job, down, *failed)
         except Ended as ended:
-            if ended.reason is Outcome.UPSTREAM_TIMEOUT:
-                error = UpstreamTimeout("the request exceeded its total time limit")
-                await self._fail(job, down, error, Outcome.UPSTREAM_TIMEOUT)
-            # else the client left: recorded below
+            await self._ended(job, down, ended.reason)
         except asyncio.CancelledError:
             # Server shutdown: still end an open stream properly, then unwind.
             record.outcome = Outcome.SHUTDOWN
-            if down.started and not sup.disconnected:
+            if down.started and not sup.disconnected and not down.behind():
                 with contextlib.suppress(Exception):
                     await down.fail(ServiceUnavailable("the gateway is shutting down"))
             raise
@@ -159,18 +158,39 @@ class Proxy:
             # A bug, not a worker failure: log it, but still answer or end the stream properly.
             log.exception("request %s failed inside the gateway", job.request_id)
             record.outcome, record.status = Outcome.INTERNAL_ERROR, 500
-            if not sup.disconnected:
+            if down.behind():
+                down.close()
+            elif not sup.disconnected:
                 with contextlib.suppress(Exception):
                     await down.fail(GatewayError("internal error"))
         finally:
             await sup.stop()
-            if sup.disconnected:
+            if sup.disconnected and record.outcome is not Outcome.CLIENT_TOO_SLOW:
                 record.outcome, record.status = Outcome.CLIENT_DISCONNECT, 499
             end = self._clock()
             record.duration_ms = round((end - job.started) * 1000, 3)
             self._note(job)
             self._record(job, end)
             self._access.emit(record)
+
+    async def _ended(self, job: Job, down: Downstream, reason: Outcome) -> None:
+        """The request was ended from outside: the client left (recorded at the end), took
+        nothing for too long (hung up on), or the total deadline passed (the error as the answer
+        when the client can take it without a wait, else hung up on)."""
+        if reason is Outcome.CLIENT_DISCONNECT:
+            return
+        error = UpstreamTimeout("the request exceeded its total time limit")
+        if reason is Outcome.UPSTREAM_TIMEOUT and not down.behind():
+            await self._fail(job, down, error, Outcome.UPSTREAM_TIMEOUT)  # sent with no wait
+            return
+        record = job.record
+        if reason is Outcome.CLIENT_TOO_SLOW:
+            idle_s = self._settings.timeouts.idle_s
+            record.status, record.error = 499, f"the client read nothing for {idle_s:g}s"
+        else:
+            record.status, record.error = (200 if down.started else 504), error.message
+        record.outcome = reason
+        down.close()
 
     async def _fail(
         self, job: Job, down: Downstream, error: GatewayError, outcome: Outcome
@@ -292,7 +312,11 @@ class Proxy:
             async with attempt:  # ends on a deadline; settles outcome, breaker, abort, response
                 attempt.responded(
                     await self._client.open(
-                        worker, request.route.value, request.upstream_parts(rid), job.headers
+                        worker,
+                        request.route.value,
+                        request.upstream_parts(rid),
+                        job.headers,
+                        sent=attempt.sent,
                     )
                 )
                 if request.stream:

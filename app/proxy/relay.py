@@ -84,7 +84,13 @@ async def relay_stream(
                     return write(out)
                 return False
 
-            await response.pump(sink, direct.drain)
+            drain = direct.drain
+
+            async def caught_up() -> None:  # once per pause, not per chunk
+                await drain()
+                attempt.held = clock()  # its connection waited for the client: not its silence
+
+            await response.pump(sink, caught_up)
         else:
             async for chunk in chunks:  # steady state
                 attempt.last_rx = now = clock()

@@ -7,8 +7,18 @@ enforces the first-byte / idle / total deadlines. It ends things through the obj
 them: a first-byte or idle deadline ends the running ``Attempt`` (aborted on its worker, then
 stopped: it fails like any attempt); the total deadline or the client leaving aborts the running
 attempt on its worker and then ends the request's ``scope`` (``app.proxy.attempt.Scope``), which
-raises ``Ended`` with the reason where the proxy runs it. The worker always hears "abort"
-before its connection drops.
+raises ``Ended`` with the reason where the proxy runs it. Once the request was written the worker
+hears "abort" before its connection drops.
+
+It never waits for the client. A client that is behind (it stopped reading, the buffers on the
+way are full, the worker's connection is paused: ``Downstream.behind``) gets no keep-alive (it has
+bytes to read), and the time its worker waits for it is not the worker's silence: each wake that
+finds it behind marks the attempt ``held``, so the idle deadline counts from there and never
+blames the worker for it. A client that takes nothing for ``idle_s`` while it is behind is hung
+up on: its attempt is aborted (no verdict on the worker) and the scope ends with
+``CLIENT_TOO_SLOW``. The total deadline fires on time whatever the client does; it is a fault of
+the worker's only if the worker had not answered by then (a client can fall behind where the
+gateway cannot see it, in the kernel's buffers: a streaming worker is never blamed for it).
 """
 
 from __future__ import annotations
@@ -32,7 +42,9 @@ class Supervisor:
 
     No task of its own while all is well: a pending ``receive()`` (for the disconnect) and one
     timer (the next deadline or keep-alive), re-armed when it fires. Only the rare actions that
-    must await (an abort on the worker, a keep-alive sent through ASGI) run as a short task."""
+    must await (an abort on the worker) run as a short task; a keep-alive that must go through
+    ASGI ``send`` (the stream not started yet, or no direct lane) runs as a task of its own that
+    nothing waits for."""
 
     def __init__(
         self,
@@ -60,7 +72,12 @@ class Supervisor:
         self._listening: asyncio.Future[Message] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._wake_at = float("inf")  # when the timer fires (clock time)
-        self._action: asyncio.Task[None] | None = None  # an abort or keep-alive under way
+        self._action: asyncio.Task[None] | None = None  # an abort under way
+        self._pinging: asyncio.Task[None] | None = None  # a keep-alive going through ``send``
+        # The client behind and taking nothing since ``_stall_since``; what it had then: the
+        # upstream bytes' last arrival and the bytes it had still to read.
+        self._stall_since: float | None = None
+        self._stall_mark = (0.0, 0)
 
     def start(self) -> None:
         direct = self._down.direct_lane
@@ -78,11 +95,12 @@ class Supervisor:
         if self._listening is not None:
             self._listening.cancel()
             self._listening = None
-        action, self._action = self._action, None
-        if action is not None and not action.done():
-            action.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await action
+        for task in (self._action, self._pinging):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._action = self._pinging = None
 
     # The attempts (called by ``Attempt``)
 
@@ -143,6 +161,8 @@ class Supervisor:
         wake = self._deadline()
         if self._keepalive_s is not None:
             wake = min(wake, self._quiet_since() + self._keepalive_s)
+        if self._stall_since is not None:
+            wake = min(wake, self._stall_since + self.idle_s)
         return wake
 
     def _arm(self) -> None:
@@ -170,12 +190,47 @@ class Supervisor:
         if self.closed or self._action is not None:
             return
         now = self._clock()
+        behind = self._down.behind()
+        if behind:
+            if self._stalled(now):
+                self._act(self._too_slow())
+                return
+        else:
+            self._stall_since = None
         if now >= self._deadline():
             self._act(self._timeout())
-        elif self._keepalive_s is not None and now - self._quiet_since() >= self._keepalive_s:
-            self._act(self._keepalive())
-        else:
-            self._arm()  # woken early: data or a keep-alive moved the wake time on
+            return
+        if self._keepalive_s is not None and now - self._quiet_since() >= self._keepalive_s:
+            self._keepalive(behind)
+        self._arm()  # else woken early: data or a keep-alive moved the wake time on
+
+    def _stalled(self, now: float) -> bool:
+        """The client is behind: hold the worker blameless for the wait; True once the client has
+        taken nothing for ``idle_s`` (no upstream bytes moved on, no fewer bytes waiting)."""
+        attempt = self.attempt
+        if attempt is not None:
+            attempt.held = now
+        mark = (self._last_rx if attempt is None else attempt.last_rx, self._down.pending())
+        since, (last_rx, pending) = self._stall_since, self._stall_mark
+        if since is None or mark[0] != last_rx or mark[1] < pending:
+            self._stall_since, self._stall_mark = now, mark  # it took something since
+            return False
+        return now - since >= self.idle_s
+
+    def _keepalive(self, behind: bool) -> None:
+        """``: keep-alive`` unless the client is behind (it has bytes to read) or one is still
+        on its way; never waits for the client."""
+        down = self._down
+        pinging = self._pinging
+        if behind or (pinging is not None and not pinging.done()):
+            down.last_tx = self._clock()
+        elif not down.keepalive_now():
+            pinging = self._pinging = self._loop.create_task(down.keepalive())
+            pinging.add_done_callback(self._pinged)
+
+    def _pinged(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("keep-alive not sent", exc_info=task.exception())
 
     def _act(self, action: Coroutine[Any, Any, None]) -> None:
         task = self._action = self._loop.create_task(action)
@@ -187,25 +242,27 @@ class Supervisor:
         if not task.cancelled() and task.exception() is not None:
             log.error("request supervision failed", exc_info=task.exception())
 
-    async def _keepalive(self) -> None:
-        try:
-            await self._down.keepalive()
-        finally:
-            self._action = None
-        self._arm()
-
     async def _gone(self) -> None:
         attempt = self.attempt
         if attempt is not None and not self.closed:
             await attempt.abort(Outcome.CANCELLED)
         self.scope.end(Outcome.CLIENT_DISCONNECT)
 
+    async def _too_slow(self) -> None:
+        attempt = self.attempt
+        if attempt is not None and not self.closed:
+            await attempt.abort(Outcome.CANCELLED)
+        self.scope.end(Outcome.CLIENT_TOO_SLOW)
+
     async def _timeout(self) -> None:
         attempt = self.attempt
         total = self._total_deadline is not None and self._clock() >= self._total_deadline
         if total:  # the request is over: nothing more to supervise but the client
             if attempt is not None:
-                await attempt.abort(Outcome.TIMEOUT)
+                # The request's own limit, not the worker's: a worker that answered and streams
+                # (or waits for a client that is behind) is not at fault; one that never
+                # answered in all that time is.
+                await attempt.abort(Outcome.CANCELLED if attempt.receiving else Outcome.TIMEOUT)
             self.scope.end(Outcome.UPSTREAM_TIMEOUT)
             return
         if attempt is not None:

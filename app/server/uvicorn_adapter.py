@@ -112,6 +112,24 @@ class ResponseLane:
         if self._flow.write_paused and not self._cycle.disconnected:
             await self._flow.drain()
 
+    def behind(self) -> bool:
+        """The connection's write buffer is over its high-water mark (``send`` would wait)."""
+        return bool(self._flow.write_paused and not self._cycle.disconnected)
+
+    def pending(self) -> int:
+        transport = self._transport
+        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+
+    def close(self) -> None:
+        """Hang up at once (a reset: what the client has not taken is dropped). The request's
+        ``receive`` reports a disconnect and its sends are dropped from now on."""
+        cycle = self._cycle
+        cycle.keep_alive = False
+        if not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._transport.abort()
+
 
 class HttpConnection(HttpToolsProtocol):
     """uvicorn's httptools protocol for one client connection, with hooks (no-ops here)."""

@@ -10,7 +10,7 @@ This module is the boundary: below it errors are ``app.upstream.errors``, above 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
@@ -67,9 +67,12 @@ class UpstreamClient:
         path: str,
         body: bytes | Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],
+        sent: Callable[[], None] | None = None,
     ) -> UpstreamResponse:
         """POST ``body`` (its pieces, in order) and return the streaming response once its
         headers arrived with 2xx. A large body is written piece by piece, never joined.
+        ``sent()`` is called once the request is handed to its connection (from then on the
+        worker may be running it).
 
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
         ``UpstreamBadResponse`` (not an HTTP/1.1 response the gateway accepts),
@@ -89,7 +92,7 @@ class UpstreamClient:
         # One bytes object for a usual request (one write); a large body stays in pieces.
         data = b"".join(parts) if size <= _JOIN_MAX else parts
         try:
-            response = await self._wire.request(host, port, data)
+            response = await self._wire.request(host, port, data, sent=sent)
         except TransportError as exc:
             raise map_transport_error(exc, worker, committed=False) from None
         status = response.status_code

@@ -208,13 +208,17 @@ class Http1Client:
         *,
         first_byte_s: float | None = None,
         idle_s: float | None = None,
+        sent: Callable[[], None] | None = None,
     ) -> Http1Response:
         """Send ``data`` (a whole request: head and body, whole or in pieces written in order)
-        and return the response once its
-        status and headers arrived. Raises a ``TransportError`` (``app.upstream.errors``)."""
+        and return the response once its status and headers arrived (``sent()`` is called once
+        the request is handed to its connection). Raises a ``TransportError``
+        (``app.upstream.errors``)."""
         conn = await self._acquire(host, port)
         try:
             conn.begin(data)
+            if sent is not None:
+                sent()
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error

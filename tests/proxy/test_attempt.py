@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 from typing import Any
 
 import orjson
@@ -284,6 +285,36 @@ async def test_first_byte_deadline_aborts_once_and_answers_504(
     fields = _logged(access)
     assert fields["outcome"] is Outcome.UPSTREAM_TIMEOUT and fields["status"] == 504
     assert not job.committed and rig.pool.workers[0].in_flight == 0
+
+
+async def test_client_leaving_while_the_worker_is_being_connected_sends_it_nothing(
+    access: pytest.LogCaptureFixture,
+) -> None:
+    """A worker too busy to take new connections (its accept queue full): the client leaves
+    while the gateway is still connecting. The attempt stops there: its request is never written
+    and no abort goes out (one sent then could reach the worker ahead of a request written after
+    it, and miss it)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        # The one queued connection fills the accept queue: the gateway's connect now waits.
+        with socket.create_connection(("127.0.0.1", port)):
+            worker = RawWorker("hang")
+            worker.port = port
+            rig = Rig([worker])
+            client = Client()
+            _, task = await _run(rig, client)
+            await _poll(lambda: rig.pool.workers[0].in_flight == 1)
+            client.gone.set()
+            await asyncio.wait_for(task, 10)
+            await rig.aclose()
+
+    assert not rig.metrics.registry.get_sample_value("dflash_gateway_aborts_sent_total")
+    assert rig.breakers[worker.url].heard == ["attempt", "released"]  # no verdict on the worker
+    fields = _logged(access)
+    assert fields["outcome"] is Outcome.CLIENT_DISCONNECT and fields["status"] == 499
+    assert rig.pool.workers[0].in_flight == 0
 
 
 async def test_failed_attempt_is_retried_and_each_breaker_hears_one_verdict(

@@ -197,7 +197,7 @@ class FakeWorker:
         await asyncio.wait({script, watch}, return_when=asyncio.FIRST_COMPLETED)
         if script.done():
             watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
                 await watch
             return script.result()
         self.closed.set()
