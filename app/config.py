@@ -71,8 +71,9 @@ class RetryConfig(_Section):
 class AdmissionConfig(_Section):
     """Per-worker concurrency cap and the bounded wait queue in front of it."""
 
-    # DFLASH forces SGLang's max_running_requests to 48.
-    per_worker_cap: int = Field(48, ge=1)
+    # None: each worker is admitted up to the max_running_requests it reports in /v1/loads (48,
+    # DFLASH's default, until it has reported). A number overrides that for every worker.
+    per_worker_cap: int | None = Field(None, ge=1)
     queue_size: int = Field(256, ge=0)
     queue_timeout_s: float = Field(30.0, gt=0)
     retry_after_s: int = Field(2, ge=1)

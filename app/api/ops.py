@@ -65,6 +65,12 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
                 "breaker": w.breaker.state.name.lower(),
                 "models": list(w.models),
                 "in_flight": w.in_flight,
+                "capacity": {
+                    "admission_cap": gw.proxy.admission.cap(w),
+                    "max_running_requests": w.load.max_running_requests,
+                    "max_total_num_tokens": w.load.max_total_num_tokens,
+                    "context_length": w.context_length,
+                },
                 "load": {
                     "running": w.load.running,
                     "waiting": w.load.waiting,

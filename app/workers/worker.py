@@ -1,4 +1,5 @@
-"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load."""
+"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load,
+and the capacity it reports."""
 
 from __future__ import annotations
 
@@ -28,7 +29,22 @@ class WorkerLoad:
     gen_throughput: float = 0.0
     accept_length: float | None = None
     accept_rate: float | None = None
+    # The worker's own limits, as its scheduler applies them (summed over dp ranks).
     max_running_requests: int | None = None
+    max_total_num_tokens: int | None = None
+
+    @property
+    def per_request_rate(self) -> float | None:
+        """Output tokens per second a running request gets now: verify steps per second per
+        request x acceptance length, i.e. ``gen_throughput / running``; None while idle."""
+        if self.running <= 0 or self.gen_throughput <= 0:
+            return None
+        return self.gen_throughput / self.running
+
+
+# SGLang's DFLASH default (``max_running_requests`` forced to 48): a worker's capacity until it
+# reports its own.
+DEFAULT_CAPACITY = 48
 
 
 def stable_name(url: str) -> str:
@@ -47,6 +63,10 @@ class Worker:
     models: tuple[str, ...] = ()
     in_flight: int = 0
     load: WorkerLoad = field(default_factory=WorkerLoad)
+    # ``in_flight`` when ``load`` was taken: requests sent since are not in the worker's counts yet.
+    in_flight_at_load: int = 0
+    # The served model's context length (``max_model_len`` of its /v1/models card).
+    context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def __post_init__(self) -> None:
@@ -63,6 +83,22 @@ class Worker:
     def up(self) -> bool:
         """Healthy with a closed breaker (``dflash_gateway_worker_up``)."""
         return self.state is WorkerState.HEALTHY and self.breaker.state is BreakerState.CLOSED
+
+    @property
+    def capacity(self) -> int:
+        """Requests the worker runs at once: its reported ``max_running_requests``, else 48."""
+        return self.load.max_running_requests or DEFAULT_CAPACITY
+
+    @property
+    def busy(self) -> int:
+        """Requests on the worker now: its polled running + waiting (every gateway replica's),
+        plus ours sent since that poll, and never fewer than ours in flight."""
+        polled = self.load.running + self.load.waiting
+        return max(self.in_flight, polled + self.in_flight - self.in_flight_at_load)
+
+    def set_load(self, load: WorkerLoad) -> None:
+        self.load = load
+        self.in_flight_at_load = self.in_flight
 
     @property
     def load_score(self) -> float:
