@@ -33,7 +33,9 @@ from app.auth import check_keys, read_keys_file
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 
-PolicyName = Literal["least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity"]
+PolicyName = Literal[
+    "least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity", "spare_capacity"
+]
 POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 
 
@@ -238,6 +240,8 @@ class Settings(BaseSettings):
     processes: int = Field(1, ge=1, le=64)
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     policy: PolicyName = "least_inflight"
+    # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
+    # while its spare capacity is at least 1/this of the best worker's.
     prefix_affinity_load_factor: float = Field(1.25, ge=1.0)
     # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5.
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(

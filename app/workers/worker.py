@@ -33,13 +33,13 @@ class WorkerLoad:
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
 
-    @property
-    def per_request_rate(self) -> float | None:
-        """Output tokens per second a running request gets now: verify steps per second per
-        request x acceptance length, i.e. ``gen_throughput / running``; None while idle."""
-        if self.running <= 0 or self.gen_throughput <= 0:
-            return None
-        return self.gen_throughput / self.running
+    # Output tokens per second a running request gets now: verify steps per second per request
+    # x acceptance length, i.e. gen_throughput / running; None while idle (derived, not passed).
+    per_request_rate: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.running > 0 and self.gen_throughput > 0:
+            object.__setattr__(self, "per_request_rate", self.gen_throughput / self.running)
 
 
 # SGLang's DFLASH default (``max_running_requests`` forced to 48): a worker's capacity until it
@@ -65,6 +65,8 @@ class Worker:
     load: WorkerLoad = field(default_factory=WorkerLoad)
     # ``in_flight`` when ``load`` was taken: requests sent since are not in the worker's counts yet.
     in_flight_at_load: int = 0
+    # capacity - busy == room - in_flight (both set with the load; see ``busy``).
+    room: int = DEFAULT_CAPACITY
     # The served model's context length (``max_model_len`` of its /v1/models card).
     context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -97,8 +99,11 @@ class Worker:
         return max(self.in_flight, polled + self.in_flight - self.in_flight_at_load)
 
     def set_load(self, load: WorkerLoad) -> None:
+        """A freshly polled load (always set it through here: ``room`` follows it)."""
         self.load = load
         self.in_flight_at_load = self.in_flight
+        capacity = self.capacity
+        self.room = min(capacity, capacity - load.running - load.waiting + self.in_flight)
 
     @property
     def load_score(self) -> float:
