@@ -76,6 +76,7 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
                     "waiting": w.load.waiting,
                     "token_usage": w.load.token_usage,
                     "gen_throughput": w.load.gen_throughput,
+                    "per_request_rate": w.rate,
                     "accept_length": w.load.accept_length,
                     "accept_rate": w.load.accept_rate,
                 },

@@ -192,9 +192,9 @@ class SpareCapacity:
     plus the requests this gateway sent since that poll (``Worker.busy``); ``rate`` the output
     tokens per second a running request gets there, i.e. verify steps per second x acceptance
     length (``gen_throughput / running``), so a slower node or one whose drafter stopped matching
-    its target is worth fewer slots; ``token_usage`` its KV-cache fill. A worker that reports no
-    rate yet (idle, or just started) counts at the best rate among the candidates, so it gets
-    traffic and is measured. A full worker scores below every worker with room, the faster first.
+    its target is worth fewer slots (the last one measured while the worker is idle);
+    ``token_usage`` its KV-cache fill. A worker that has never reported a rate counts at the best
+    rate among the candidates, so it gets traffic and is measured. A full worker scores below every worker with room, the faster first.
 
     With a routing key, the key's home is the candidate with the highest rendezvous weight
     (a hash of key and worker name: every replica agrees, and a worker joining or leaving moves
@@ -215,7 +215,7 @@ class SpareCapacity:
     def score(worker: Worker, default_rate: float) -> float:
         """The worker's spare decode capacity (``pick`` computes the same inline)."""
         load = worker.load
-        rate = load.per_request_rate or default_rate
+        rate = worker.rate or default_rate
         spare = worker.room - worker.in_flight  # capacity - busy
         if spare <= 0:
             return (spare - 1) / rate  # full: the faster drains first
@@ -226,7 +226,7 @@ class SpareCapacity:
             return workers[0]
         default_rate = 0.0
         for worker in workers:
-            rate = worker.load.per_request_rate
+            rate = worker.rate
             if rate is not None and rate > default_rate:
                 default_rate = rate
         if default_rate == 0.0:
@@ -246,9 +246,9 @@ class SpareCapacity:
             spare = worker.room - worker.in_flight
             if spare > 0:
                 usage = load.token_usage
-                score = spare * (load.per_request_rate or default_rate) * (1.0 - usage)
+                score = spare * (worker.rate or default_rate) * (1.0 - usage)
             else:
-                score = (spare - 1) / (load.per_request_rate or default_rate)
+                score = (spare - 1) / (worker.rate or default_rate)
             if score > best_score:
                 best, best_score = worker, score
             if key is not None:

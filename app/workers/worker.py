@@ -67,6 +67,8 @@ class Worker:
     in_flight_at_load: int = 0
     # capacity - busy == room - in_flight (both set with the load; see ``busy``).
     room: int = DEFAULT_CAPACITY
+    # The last per-request output rate measured (kept while the worker is idle).
+    rate: float | None = None
     # The served model's context length (``max_model_len`` of its /v1/models card).
     context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -104,6 +106,8 @@ class Worker:
         self.in_flight_at_load = self.in_flight
         capacity = self.capacity
         self.room = min(capacity, capacity - load.running - load.waiting + self.in_flight)
+        if load.per_request_rate is not None:
+            self.rate = load.per_request_rate
 
     @property
     def load_score(self) -> float:
