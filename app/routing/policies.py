@@ -194,7 +194,8 @@ class SpareCapacity:
     length (``gen_throughput / running``), so a slower node or one whose drafter stopped matching
     its target is worth fewer slots (the last one measured while the worker is idle);
     ``token_usage`` its KV-cache fill. A worker that has never reported a rate counts at the best
-    rate among the candidates, so it gets traffic and is measured. A full worker scores below every worker with room, the faster first.
+    rate among the candidates, so it gets traffic and is measured. A full worker scores below
+    every worker with room, the faster first.
 
     With a routing key, the key's home is the candidate with the highest rendezvous weight
     (a hash of key and worker name: every replica agrees, and a worker joining or leaving moves
