@@ -33,14 +33,9 @@ class WorkerLoad:
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
 
-    # Output tokens per second a running request gets now: verify steps per second per request
-    # x acceptance length, i.e. gen_throughput / running; None while idle (derived, not passed).
-    per_request_rate: float | None = field(init=False, default=None)
 
-    def __post_init__(self) -> None:
-        if self.running > 0 and self.gen_throughput > 0:
-            object.__setattr__(self, "per_request_rate", self.gen_throughput / self.running)
-
+_RATE_ALPHA = 0.3
+_RATE_SKIP_POLLS = 2
 
 # SGLang's DFLASH default (``max_running_requests`` forced to 48): a worker's capacity until it
 # reports its own.
@@ -67,8 +62,12 @@ class Worker:
     in_flight_at_load: int = 0
     # capacity - busy == room - in_flight (both set with the load; see ``busy``).
     room: int = DEFAULT_CAPACITY
-    # The last per-request output rate measured (kept while the worker is idle).
+    # Output tokens per second per running request: smoothed gen_throughput over smoothed
+    # running across polls (the throughput is a window, running an instant); kept while idle.
     rate: float | None = None
+    _throughput_avg: float = 0.0
+    _running_avg: float = 0.0
+    _busy_polls: int = 0
     # The served model's context length (``max_model_len`` of its /v1/models card).
     context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -106,8 +105,21 @@ class Worker:
         self.in_flight_at_load = self.in_flight
         capacity = self.capacity
         self.room = min(capacity, capacity - load.running - load.waiting + self.in_flight)
-        if load.per_request_rate is not None:
-            self.rate = load.per_request_rate
+        if load.running <= 0:
+            self._busy_polls = 0  # idle: keep the last rate
+            return
+        self._busy_polls += 1
+        # gen_throughput covers a trailing window: the first busy polls after an idle spell
+        # pair a window that was partly idle with the requests running now, so they are skipped.
+        if self._busy_polls <= _RATE_SKIP_POLLS:
+            return
+        if self._busy_polls == _RATE_SKIP_POLLS + 1 or self.rate is None:
+            self._throughput_avg, self._running_avg = load.gen_throughput, float(load.running)
+        else:  # EWMA of both over the busy polls, then their ratio
+            self._throughput_avg += _RATE_ALPHA * (load.gen_throughput - self._throughput_avg)
+            self._running_avg += _RATE_ALPHA * (load.running - self._running_avg)
+        if self._throughput_avg > 0:
+            self.rate = self._throughput_avg / self._running_avg
 
     @property
     def load_score(self) -> float:

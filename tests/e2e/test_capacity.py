@@ -80,30 +80,41 @@ def test_each_worker_is_admitted_to_its_own_running_cap(procs: ProcessManager) -
 
 
 def test_spare_capacity_sends_more_traffic_to_the_faster_worker(procs: ProcessManager) -> None:
-    fast = emulator(procs, "emu-fast")
-    slow = emulator(procs, "emu-slow", "--step-time-scale", "4")
+    # Slow enough that a request spans loads polls; the gateway averages a rate once a worker has
+    # been busy for a few polls (its gen_throughput is a trailing window).
+    fast = emulator(procs, "emu-fast", "--speed", "4")
+    slow = emulator(procs, "emu-slow", "--speed", "4", "--step-time-scale", "4")
     gw = gateway(
         procs,
         [fast, slow],
         env={
             "DFLASH_GATEWAY_POLICY": "spare_capacity",
-            "DFLASH_GATEWAY_HEALTH__LOADS_INTERVAL_S": "0.2",
+            "DFLASH_GATEWAY_HEALTH__LOADS_INTERVAL_S": "0.5",
         },
     )
     poll(lambda: all(w["routable"] for w in _workers(gw).values()))
 
-    def client(c: int) -> list[int]:
+    def client(c: int, n: int = 6, max_tokens: int = 128) -> list[int]:
         with httpx.Client(base_url=gw.url, timeout=60) as http:
             return [
                 http.post(
-                    CHAT, json=_body(f"Client {c} asks {i}: 3 + {i}?", stream=False)
+                    CHAT, json=_body(f"Client {c} asks {i}: 3 + {i}?", False, max_tokens)
                 ).status_code
-                for i in range(8)
+                for i in range(n)
             ]
 
+    def measured() -> bool:
+        # Sustained load on both until the gateway has averaged a rate for each.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(client, range(90, 98), [4] * 8, [512] * 8))
+        return all(w["load"]["per_request_rate"] for w in _workers(gw).values())
+
+    poll(measured, timeout=60, interval=0)
+    before = _requests(fast), _requests(slow)
     with ThreadPoolExecutor(max_workers=8) as pool:
         statuses = Counter(s for batch in pool.map(client, range(8)) for s in batch)
-    assert statuses == Counter({200: 64})
-    # The slow node produces a quarter of the tokens per second per request: once its rate is
-    # measured it gets a clearly smaller share.
-    assert _requests(fast) > 2 * _requests(slow)
+    assert statuses == Counter({200: 48})
+    # The slow node gives a running request a quarter of the tokens per second: it gets a
+    # clearly smaller share of the next requests.
+    to_fast, to_slow = _requests(fast) - before[0], _requests(slow) - before[1]
+    assert to_fast > 2 * to_slow, (to_fast, to_slow)

@@ -16,7 +16,8 @@ CTX = RoutingContext(model="m")
 
 def _worker(i: int, **load: float) -> Worker:
     worker = Worker(url=f"http://10.0.0.{i}:30000", state=WorkerState.HEALTHY)
-    worker.set_load(WorkerLoad(**load))  # type: ignore[arg-type]
+    for _ in range(3):  # polled a few times: the rate is averaged over busy polls
+        worker.set_load(WorkerLoad(**load))  # type: ignore[arg-type]
     return worker
 
 
