@@ -52,7 +52,7 @@ bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglan
 	$(BIN)/pip install --quiet 'sglang-router==0.3.2'
 	$(BIN)/dflash-gateway bench overhead --out bench-results
 
-bench-routing: $(STAMP) ## every policy on 4 emulated workers (heterogeneous + homogeneous), C=128; ~15 min
+bench-routing: $(STAMP) ## every policy on 4 emulated workers (heterogeneous + homogeneous), C=128, --speed 0.5; ~25 min
 	$(BIN)/python -m loadtest routing --out bench-results
 
 bench-affinity: $(STAMP) ## prefix-cache hit rate per routing policy (3 emulated workers)

@@ -11,9 +11,10 @@ A closed loop of ``--concurrency`` streams (128) sends a mix of the seed's datas
 GSM8K, MATH500, HumanEval, MBPP, MT-Bench is available locally, interleaved; the emulators pick
 each prompt's acceptance profile from its content). Per run: fleet output tok/s (completion
 tokens / wall time of the measured phase, the first C requests being warm-up), TTFT p50/p99 and
-completed requests. The emulators run at ``--speed`` (default 1: real-node timing; every tok/s
-scales with it), which on a 2-core machine keeps the gateway, the client and four emulators off
-the CPU limit at C=128 while a run takes about a minute; the gateway polls ``/v1/loads`` every
+completed requests. The emulators run at ``--speed`` (default 0.5: half a real node's pace;
+every tok/s scales with it): at C=128 that keeps the ~1000 SSE chunks/s of the gateway, the
+client and four emulators within a 2-core machine, and a run of 1000 prompts to about two
+minutes (12 runs: ~25 min for ``make bench-routing``); the gateway polls ``/v1/loads`` every
 ``--loads-interval-s`` (0.5 s). Writes ``routing.json`` and ``routing.png`` to ``--out``.
 
     make bench-routing
@@ -53,10 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleets", default=",".join(FLEETS), help="comma-separated subset")
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument(
-        "--num-prompts", type=int, default=1500, help="requests per run, warm-up included"
+        "--num-prompts", type=int, default=1000, help="requests per run, warm-up included"
     )
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--speed", type=float, default=1.0, help="the emulators' time scale")
+    p.add_argument("--speed", type=float, default=0.5, help="the emulators' time scale")
     p.add_argument("--loads-interval-s", type=float, default=0.5)
     p.add_argument(
         "--datasets-dir",
