@@ -34,7 +34,9 @@ from app.routing.config import RoutingConfig
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 
-PolicyName = Literal["least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity"]
+PolicyName = Literal[
+    "least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity", "spare_capacity"
+]
 POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 
 
@@ -72,8 +74,9 @@ class RetryConfig(_Section):
 class AdmissionConfig(_Section):
     """Per-worker concurrency cap and the bounded wait queue in front of it."""
 
-    # DFLASH forces SGLang's max_running_requests to 48.
-    per_worker_cap: int = Field(48, ge=1)
+    # None: each worker is admitted up to the max_running_requests it reports in /v1/loads (48,
+    # DFLASH's default, until it has reported). A number overrides that for every worker.
+    per_worker_cap: int | None = Field(None, ge=1)
     queue_size: int = Field(256, ge=0)
     queue_timeout_s: float = Field(30.0, gt=0)
     retry_after_s: int = Field(2, ge=1)
@@ -240,6 +243,8 @@ class Settings(BaseSettings):
     processes: int = Field(1, ge=1, le=64)
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     policy: PolicyName = "least_inflight"
+    # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
+    # while its spare capacity is at least 1/this of the best worker's.
     prefix_affinity_load_factor: float = Field(1.25, ge=1.0)
     # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5.
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(

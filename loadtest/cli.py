@@ -1,4 +1,4 @@
-"""``dflash-gateway bench seed|overhead`` (also ``python -m loadtest seed|overhead``)."""
+"""``dflash-gateway bench seed|overhead|routing`` (also ``python -m loadtest ...``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    from loadtest import overhead, seed
+    from loadtest import overhead, routing, seed
 
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     seed.add_arguments(
@@ -26,13 +26,21 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
+    routing.add_arguments(
+        benches.add_parser(
+            "routing",
+            help="every routing policy on a heterogeneous and a homogeneous emulated fleet",
+            description=routing.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
 
 
 def add_parser(subparsers: Any) -> None:
     add_subcommands(
         subparsers.add_parser(
             "bench",
-            help="benchmarks: the seed table, gateway overhead",
+            help="benchmarks: the seed table, gateway overhead, routing policies",
             description="Benchmarks against a running gateway (see loadtest/).",
         )
     )
@@ -43,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
         from loadtest import seed
 
         return seed.main(args)
+    if args.bench == "routing":
+        from loadtest import routing
+
+        return routing.main(args)
     from loadtest import overhead
 
     return overhead.main(args)

@@ -1,8 +1,9 @@
 """Micro-benchmark of routing ``pick`` per policy and pool size: ``make bench-pick``.
 
 Prints microseconds per pick (best of 5 runs) for n = 1, 16, 256 workers, with load on the workers
-so the load-aware policies have something to compare, and a fresh routing key per pick for
-``prefix_affinity`` (the key hash is part of its cost).
+so the load-aware policies have something to compare (``spare_capacity``: rates and KV usage
+too), and a fresh routing key per pick for ``prefix_affinity`` and ``spare_capacity`` (the key
+hash is part of their cost).
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import timeit
 from app.routing.policies import RoutingContext, make_policy
 from app.workers.worker import Worker, WorkerLoad, WorkerState
 
-POLICIES = ("least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity")
+POLICIES = (
+    "least_inflight",
+    "power_of_two",
+    "round_robin",
+    "random",
+    "prefix_affinity",
+    "spare_capacity",
+)
 SIZES = (1, 16, 256)
 
 
@@ -22,7 +30,17 @@ def _pool(n: int, rng: random.Random) -> list[Worker]:
     for i in range(n):
         worker = Worker(url=f"http://10.1.{i // 250}.{i % 250}:30000", state=WorkerState.HEALTHY)
         worker.in_flight = rng.randrange(0, 48)
-        worker.load = WorkerLoad(running=rng.randrange(0, 48), waiting=rng.randrange(0, 4))
+        running = rng.randrange(0, 48)
+        worker.set_load(
+            WorkerLoad(
+                running=running,
+                waiting=rng.randrange(0, 4),
+                token_usage=rng.random() / 2,
+                gen_throughput=running * rng.uniform(20.0, 90.0),
+                accept_length=rng.uniform(1.3, 5.5),
+                max_running_requests=48,
+            )
+        )
         workers.append(worker)
     return workers
 

@@ -22,7 +22,7 @@ def test_defaults_select_the_embedded_default() -> None:
     assert s.worker_urls == []
     assert s.embedded_default
     assert s.model_aliases == {"kimi-k2.5": "moonshotai/Kimi-K2.5"}
-    assert s.admission.per_worker_cap == 48
+    assert s.admission.per_worker_cap is None  # each worker's own max_running_requests
 
 
 def test_env_lists_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,11 +67,18 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
                 "breaker": w.breaker.state.name.lower(),
                 "models": list(w.models),
                 "in_flight": w.in_flight,
+                "capacity": {
+                    "admission_cap": gw.proxy.admission.cap(w),
+                    "max_running_requests": w.load.max_running_requests,
+                    "max_total_num_tokens": w.load.max_total_num_tokens,
+                    "context_length": w.context_length,
+                },
                 "load": {
                     "running": w.load.running,
                     "waiting": w.load.waiting,
                     "token_usage": w.load.token_usage,
                     "gen_throughput": w.load.gen_throughput,
+                    "per_request_rate": w.rate,
                     "accept_length": w.load.accept_length,
                     "accept_rate": w.load.accept_rate,
                 },

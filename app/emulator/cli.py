@@ -50,6 +50,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ("--prefill-per-token-s", Timing.prefill_per_token_s, "per uncached prompt token"),
     ):
         latency.add_argument(flag, type=float, default=default, help=f"{what} (default {default})")
+    latency.add_argument(
+        "--step-time-scale",
+        type=float,
+        default=1.0,
+        help="this node's slowdown: every verify step and prefill takes F times as long "
+        "(a slower GPU or a hot node; default 1.0)",
+    )
+    p.add_argument(
+        "--accept-scale",
+        type=float,
+        default=1.0,
+        help="multiply every profile's acceptance length by F (floor 1): a drafter that no "
+        "longer matches its target; 0.28 gives ~1.3 (default 1.0)",
+    )
     p.add_argument("--max-running-requests", type=int, default=48, help="running cap (default 48)")
     p.add_argument(
         "--max-queued-requests",
@@ -140,6 +154,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         step_per_running_s=args.step_per_running_s,
         prefill_base_s=args.prefill_base_s,
         prefill_per_token_s=args.prefill_per_token_s,
+        step_time_scale=args.step_time_scale,
+        accept_scale=args.accept_scale,
         faults=faults,
     )
 

@@ -1,10 +1,11 @@
 """The emulated scheduler: capacity (running + waiting), step timing, the live request registry.
 
-Latency model (seconds, divided by ``--speed``): a verify step takes
-``(step_base_s + step_per_running_s * running) * profile_factor`` (~21 ms alone, ~60 ms at 32
-running on average: DFLASH.md's ~3x growth from C=1 to C=32 and the seed's Kimi-K2.5 55-85 ms;
-the per-profile factor, see ``profiles.step_time_factors``, reproduces the seed's tok/s at C=32),
-prefill takes ``prefill_base_s + prefill_per_token_s * uncached``.
+Latency model (seconds, divided by ``--speed``, times ``--step-time-scale``: a slower GPU or a
+hot node): a verify step takes ``(step_base_s + step_per_running_s * running) * profile_factor``
+(~21 ms alone, ~60 ms at 32 running on average: DFLASH.md's ~3x growth from C=1 to C=32 and
+the seed's Kimi-K2.5 55-85 ms; the per-profile factor, see ``profiles.step_time_factors``,
+reproduces the seed's tok/s at C=32), prefill takes
+``prefill_base_s + prefill_per_token_s * uncached``.
 Beyond ``max_running`` requests wait in FIFO order; beyond ``max_queued`` waiting ones a new
 request is refused with SGLang's "The request queue is full.".
 """
@@ -39,12 +40,15 @@ class Timing:
     step_per_running_s: float = 0.00126
     prefill_base_s: float = 0.03
     prefill_per_token_s: float = 0.00005
+    scale: float = 1.0  # this node's slowdown: every verify step and prefill takes scale x as long
 
     def step_s(self, running: int, factor: float = 1.0) -> float:
-        return (self.step_base_s + self.step_per_running_s * running) * factor / self.speed
+        step = self.step_base_s + self.step_per_running_s * running
+        return step * factor * self.scale / self.speed
 
     def prefill_s(self, uncached_tokens: int) -> float:
-        return (self.prefill_base_s + self.prefill_per_token_s * uncached_tokens) / self.speed
+        prefill = self.prefill_base_s + self.prefill_per_token_s * uncached_tokens
+        return prefill * self.scale / self.speed
 
 
 class QueueFull(Exception):

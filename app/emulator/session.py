@@ -70,6 +70,7 @@ class Session:
         self.cached_tokens = 0
         self.first_token: float | None = None
         self.prefill_s = 0.0
+        self.decode_s = 0.0  # the verify steps' modelled durations, summed
         self.chunks_sent = 0
         self._holding_slot = False
         self._finished = False
@@ -109,6 +110,7 @@ class Session:
                 self.gen.abort()
                 return
             step_s = w.timing.step_s(w.scheduler.running, self._step_factor)
+            self.decode_s += step_s
             await asyncio.sleep(step_s)
             if self.active.aborted:
                 self.gen.abort()
@@ -207,6 +209,7 @@ class Session:
                 "prompt_tokens": self.prompt_tokens,
                 "cached_tokens": self.cached_tokens,
                 "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s,
                 "spec_accept_length": gen.completion_tokens / steps if steps else None,
                 "finish_reason": gen.finish_reason,
                 "aborted": self.active.aborted,

@@ -42,6 +42,8 @@ class EmulatorConfig:
     step_per_running_s: float = Timing.step_per_running_s
     prefill_base_s: float = Timing.prefill_base_s
     prefill_per_token_s: float = Timing.prefill_per_token_s
+    step_time_scale: float = 1.0
+    accept_scale: float = 1.0
     enable_cache_report: bool = True
     api_key: str | None = None
     seed: int | None = None
@@ -52,6 +54,10 @@ class EmulatorConfig:
             raise ValueError(f"unknown profile {self.profile!r}; one of auto, {PROFILE_NAMES}")
         if self.speed <= 0:
             raise ValueError("speed must be > 0")
+        if self.step_time_scale <= 0:
+            raise ValueError("step_time_scale must be > 0")
+        if not 0 < self.accept_scale <= 1:
+            raise ValueError("accept_scale must be in (0, 1]")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
@@ -78,8 +84,9 @@ class Worker:
             step_per_running_s=config.step_per_running_s,
             prefill_base_s=config.prefill_base_s,
             prefill_per_token_s=config.prefill_per_token_s,
+            scale=config.step_time_scale,
         )
-        self.models = AcceptanceModels()
+        self.models = AcceptanceModels(config.accept_scale)
         self.step_factors = step_time_factors()
         self.scheduler = Scheduler(config.max_running_requests, config.max_queued_requests)
         self.cache = PrefixCache(MAX_TOTAL_NUM_TOKENS)

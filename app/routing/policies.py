@@ -180,6 +180,99 @@ class PrefixAffinity:
         return min(workers, key=_load_key)
 
 
+_MASK64 = (1 << 64) - 1
+_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant (2**64 / golden ratio)
+
+
+class SpareCapacity:
+    """The worker with the most spare decode capacity, keeping a routing key on its worker.
+
+    A worker's spare decode capacity is ``(capacity - busy) * rate * (1 - token_usage)``:
+    ``capacity`` its reported ``max_running_requests``; ``busy`` its polled running + waiting
+    plus the requests this gateway sent since that poll (``Worker.busy``); ``rate`` the output
+    tokens per second a running request gets there, i.e. verify steps per second x acceptance
+    length (``gen_throughput / running``), so a slower node or one whose drafter stopped matching
+    its target is worth fewer slots (the last one measured while the worker is idle);
+    ``token_usage`` its KV-cache fill. A worker that has never reported a rate counts at the best
+    rate among the candidates, so it gets traffic and is measured. A full worker scores below
+    every worker with room, the faster first.
+
+    With a routing key, the key's home is the candidate with the highest rendezvous weight
+    (a hash of key and worker name: every replica agrees, and a worker joining or leaving moves
+    only its own keys) among those within ``load_factor`` of the best score; so a conversation
+    stays where its prefix is cached until its worker is clearly worse off than the best one,
+    then spills to the next worker by capacity. Two passes over the candidates, no containers.
+    """
+
+    name = "spare_capacity"
+
+    def __init__(self, *, load_factor: float = 1.25) -> None:
+        if load_factor < 1.0:
+            raise ValueError("load_factor must be >= 1")
+        self._load_factor = load_factor
+        self._name_hashes: dict[str, int] = {}
+
+    @staticmethod
+    def score(worker: Worker, default_rate: float) -> float:
+        """The worker's spare decode capacity (``pick`` computes the same inline)."""
+        load = worker.load
+        rate = worker.rate or default_rate
+        spare = worker.room - worker.in_flight  # capacity - busy
+        if spare <= 0:
+            return (spare - 1) / rate  # full: the faster drains first
+        return spare * rate * (1.0 - load.token_usage)
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        if len(workers) == 1:
+            return workers[0]
+        default_rate = 0.0
+        for worker in workers:
+            rate = worker.rate
+            if rate is not None and rate > default_rate:
+                default_rate = rate
+        if default_rate == 0.0:
+            default_rate = 1.0
+        key = ctx.routing_key
+        key_hash = _hash64(key) if key is not None else 0
+        hashes = self._name_hashes
+        if len(hashes) > 4 * len(workers) + 64:
+            hashes.clear()  # forget workers that left long ago
+        best = home = workers[0]
+        best_score = home_score = -math.inf
+        home_weight = -1
+        # One pass: every worker's score (score() inlined: capacity - busy is room - in_flight)
+        # and, with a key, its rendezvous weight.
+        for worker in workers:
+            load = worker.load
+            spare = worker.room - worker.in_flight
+            if spare > 0:
+                usage = load.token_usage
+                score = spare * (worker.rate or default_rate) * (1.0 - usage)
+            else:
+                score = (spare - 1) / (worker.rate or default_rate)
+            if score > best_score:
+                best, best_score = worker, score
+            if key is not None:
+                name_hash = hashes.get(worker.name)
+                if name_hash is None:
+                    name_hash = hashes[worker.name] = _hash64(worker.name)
+                weight = ((key_hash ^ name_hash) * _MIX) & _MASK64
+                if weight > home_weight:
+                    home, home_weight, home_score = worker, weight, score
+        if key is None or best_score <= 0:
+            return best
+        floor = best_score / self._load_factor
+        if home_score >= floor:
+            return home
+        # The key's home is clearly worse off: the next worker by weight that is not.
+        spill, spill_weight = best, -1
+        for worker in workers:
+            weight = ((key_hash ^ hashes[worker.name]) * _MIX) & _MASK64
+            if weight > spill_weight and self.score(worker, default_rate) >= floor:
+                spill, spill_weight = worker, weight
+        return spill
+
+
 def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> Policy:
     """The policy called ``name`` (CONTRACTS.md lists the names)."""
     if name == "least_inflight":
@@ -192,4 +285,6 @@ def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> 
         return Random(rng)
     if name == "prefix_affinity":
         return PrefixAffinity(load_factor=load_factor)
+    if name == "spare_capacity":
+        return SpareCapacity(load_factor=load_factor)
     raise ValueError(f"unknown routing policy {name!r}")

@@ -1,12 +1,14 @@
 """Admission control: a per-worker cap, and a bounded FIFO queue in front of it.
 
-A DFLASH worker runs at most 48 requests (SGLang forces ``max_running_requests`` to 48); more only
-queue inside SGLang where the gateway can neither see nor re-route them. So the gateway admits a
-request to a worker only while
+A worker runs at most its ``max_running_requests`` at once (48 for DFLASH unless set otherwise);
+more only queue inside SGLang where the gateway can neither see nor re-route them. Each worker's
+cap is the limit it reports in ``/v1/loads`` (learned when it is admitted to the pool and on every
+loads poll; 48 until then), or ``admission.per_worker_cap`` for every worker when that is set.
+The gateway admits a request to a worker only while
 
-- this process has fewer than ``per_worker_cap / processes`` requests in flight there, and
+- this process has fewer than ``cap / processes`` requests in flight there, and
 - the worker's own polled ``running + waiting`` (all gateway replicas and processes together)
-  is below ``per_worker_cap``.
+  is below ``cap``.
 
 When no candidate has room the request waits in a FIFO queue of at most ``queue_size`` entries
 for up to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -40,7 +41,7 @@ class Admission:
     ) -> None:
         self._config = config
         self._deweight = deweight_collapsed
-        self._local_cap = max(1, math.ceil(config.per_worker_cap / processes))
+        self._processes = processes
         self._clock = clock
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
@@ -50,12 +51,15 @@ class Admission:
         return len(self._waiters)
 
     def cap(self, worker: Worker) -> int:
-        """The most requests ``worker`` runs at once (all gateway processes together)."""
-        return self._config.per_worker_cap
+        """The most requests ``worker`` may hold (all gateway processes together): the
+        override, else what it reports."""
+        return self._config.per_worker_cap or worker.capacity
 
     def has_room(self, worker: Worker) -> bool:
+        cap = self.cap(worker)
+        local = -(-cap // self._processes)  # ceil
         polled = worker.load.running + worker.load.waiting
-        return worker.in_flight < self._local_cap and polled < self.cap(worker)
+        return worker.in_flight < local and polled < cap
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged

@@ -1,9 +1,10 @@
 """Active health checks: ``GET /health`` on every worker each ``health.interval_s``.
 
 A worker becomes HEALTHY after ``success_threshold`` consecutive 200s and once its models are
-known (``GET /v1/models``); a worker still loading answers 503 and stays STARTING, so it gets no
-traffic. A HEALTHY worker turns UNHEALTHY after ``failure_threshold`` consecutive failures.
-DRAINING is owned by discovery and left alone.
+known (``GET /v1/models``), with its capacity read first (``/v1/loads``: ``max_running_requests``
+and ``max_total_num_tokens`` per rank; the model card's ``max_model_len``); a worker still
+loading answers 503 and stays STARTING, so it gets no traffic. A HEALTHY worker turns UNHEALTHY
+after ``failure_threshold`` consecutive failures. DRAINING is owned by discovery and left alone.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ def parse_loads(data: object) -> WorkerLoad | None:
     spec = [r.get("speculative") for r in ranks if isinstance(r.get("speculative"), dict)]
     accept = [_num(s.get("accept_length")) for s in spec if _num(s.get("accept_length")) > 0]
     rates = [_num(s.get("accept_rate")) for s in spec if _num(s.get("accept_rate")) > 0]
-    caps = [
-        int(_num(r.get("max_running_requests"))) for r in ranks if r.get("max_running_requests")
-    ]
+    caps = [int(_num(r.get("max_running_requests"))) for r in ranks]
+    tokens = [int(_num(r.get("max_total_num_tokens"))) for r in ranks]
     return WorkerLoad(
         running=int(sum(_num(r.get("num_running_reqs")) for r in ranks)),
         waiting=int(sum(_num(r.get("num_waiting_reqs")) for r in ranks)),
@@ -55,7 +55,8 @@ def parse_loads(data: object) -> WorkerLoad | None:
         gen_throughput=sum(_num(r.get("gen_throughput")) for r in ranks),
         accept_length=sum(accept) / len(accept) if accept else None,
         accept_rate=sum(rates) / len(rates) if rates else None,
-        max_running_requests=sum(caps) if caps else None,
+        max_running_requests=sum(caps) if all(c > 0 for c in caps) else None,
+        max_total_num_tokens=sum(tokens) if all(t > 0 for t in tokens) else None,
     )
 
 
@@ -80,7 +81,8 @@ class HealthChecker:
                 await asyncio.wait_for(self._kicked.wait(), self._config.interval_s)
 
     async def poll_loads(self) -> None:
-        """Refresh every worker's load from ``/v1/loads`` every ``loads_interval_s``."""
+        """Refresh every worker's load, and so its capacity (a restarted worker may come back with
+        other limits), from ``/v1/loads`` every ``loads_interval_s``."""
         while True:
             await asyncio.gather(
                 *(
@@ -101,7 +103,7 @@ class HealthChecker:
         if status == 200:
             load = parse_loads(data)
             if load is not None:
-                worker.load = load
+                worker.set_load(load)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(w) for w in self._pool.workers))
@@ -126,7 +128,13 @@ class HealthChecker:
             and streak.successes >= self._config.success_threshold
             and await self._discover(worker)
         ):
-            log.info("worker %s is healthy, serving %s", worker.name, ", ".join(worker.models))
+            await self.poll_load(worker)  # its capacity, before it takes a request
+            log.info(
+                "worker %s is healthy, serving %s, capacity %d",
+                worker.name,
+                ", ".join(worker.models),
+                worker.capacity,
+            )
             worker.state = WorkerState.HEALTHY
             worker.accept.reset()  # a restarted (perhaps rolled-back) worker is judged afresh
 

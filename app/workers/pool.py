@@ -78,6 +78,9 @@ class WorkerPool:
             if isinstance(model_id, str) and model_id:
                 ids.append(model_id)
                 self._cards.setdefault(model_id, card)
+                length = card.get("max_model_len")
+                if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                    worker.context_length = length
         worker.models = tuple(ids)
 
     def reconcile(self, endpoints: Iterable[EndpointLike]) -> None:

@@ -1,4 +1,5 @@
-"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load."""
+"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load,
+and the capacity it reports."""
 
 from __future__ import annotations
 
@@ -28,7 +29,17 @@ class WorkerLoad:
     gen_throughput: float = 0.0
     accept_length: float | None = None
     accept_rate: float | None = None
+    # The worker's own limits, as its scheduler applies them (summed over dp ranks).
     max_running_requests: int | None = None
+    max_total_num_tokens: int | None = None
+
+
+_RATE_ALPHA = 0.3
+_RATE_SKIP_POLLS = 2
+
+# SGLang's DFLASH default (``max_running_requests`` forced to 48): a worker's capacity until it
+# reports its own.
+DEFAULT_CAPACITY = 48
 
 
 @dataclass(slots=True)
@@ -61,6 +72,18 @@ class Worker:
     models: tuple[str, ...] = ()
     in_flight: int = 0
     load: WorkerLoad = field(default_factory=WorkerLoad)
+    # ``in_flight`` when ``load`` was taken: requests sent since are not in the worker's counts yet.
+    in_flight_at_load: int = 0
+    # capacity - busy == room - in_flight (both set with the load; see ``busy``).
+    room: int = DEFAULT_CAPACITY
+    # Output tokens per second per running request: smoothed gen_throughput over smoothed
+    # running across polls (the throughput is a window, running an instant); kept while idle.
+    rate: float | None = None
+    _throughput_avg: float = 0.0
+    _running_avg: float = 0.0
+    _busy_polls: int = 0
+    # The served model's context length (``max_model_len`` of its /v1/models card).
+    context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     accept: Acceptance = field(default_factory=Acceptance)
 
@@ -78,6 +101,40 @@ class Worker:
     def up(self) -> bool:
         """Healthy with a closed breaker (``dflash_gateway_worker_up``)."""
         return self.state is WorkerState.HEALTHY and self.breaker.state is BreakerState.CLOSED
+
+    @property
+    def capacity(self) -> int:
+        """Requests the worker runs at once: its reported ``max_running_requests``, else 48."""
+        return self.load.max_running_requests or DEFAULT_CAPACITY
+
+    @property
+    def busy(self) -> int:
+        """Requests on the worker now: its polled running + waiting (every gateway replica's),
+        plus ours sent since that poll, and never fewer than ours in flight."""
+        polled = self.load.running + self.load.waiting
+        return max(self.in_flight, polled + self.in_flight - self.in_flight_at_load)
+
+    def set_load(self, load: WorkerLoad) -> None:
+        """A freshly polled load (always set it through here: ``room`` follows it)."""
+        self.load = load
+        self.in_flight_at_load = self.in_flight
+        capacity = self.capacity
+        self.room = min(capacity, capacity - load.running - load.waiting + self.in_flight)
+        if load.running <= 0:
+            self._busy_polls = 0  # idle: keep the last rate
+            return
+        self._busy_polls += 1
+        # gen_throughput covers a trailing window: the first busy polls after an idle spell
+        # pair a window that was partly idle with the requests running now, so they are skipped.
+        if self._busy_polls <= _RATE_SKIP_POLLS:
+            return
+        if self._busy_polls == _RATE_SKIP_POLLS + 1 or self.rate is None:
+            self._throughput_avg, self._running_avg = load.gen_throughput, float(load.running)
+        else:  # EWMA of both over the busy polls, then their ratio
+            self._throughput_avg += _RATE_ALPHA * (load.gen_throughput - self._throughput_avg)
+            self._running_avg += _RATE_ALPHA * (load.running - self._running_avg)
+        if self._throughput_avg > 0:
+            self.rate = self._throughput_avg / self._running_avg
 
     @property
     def load_score(self) -> float:

@@ -122,3 +122,41 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     data = json.loads((tmp_path / "overhead.json").read_text())
     assert all(m["failed"] == 0 for m in data)
     assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")
+
+
+def test_routing_bench_runs_each_policy_on_a_fleet_and_writes_json_and_png(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(
+        "".join(json.dumps({"question": f"What is {i} + {i}?"}) + "\n" for i in range(5))
+    )
+    result = _bench(
+        "routing",
+        "--policies",
+        "least_inflight,spare_capacity",
+        "--fleets",
+        "heterogeneous",
+        "--datasets-dir",
+        str(tmp_path),
+        "--num-prompts",
+        "16",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "16",
+        "--speed",
+        "50",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "spare_capacity vs least_inflight" in result.stdout
+    data = json.loads((tmp_path / "routing.json").read_text())
+    runs = {run["policy"]: run for run in data["runs"]}
+    assert set(runs) == {"least_inflight", "spare_capacity"}
+    for run in runs.values():
+        assert run["fleet"] == "heterogeneous" and run["failed"] == 0
+        assert run["completed"] == 12  # 16 less the 4 warm-up requests
+        assert sum(run["requests_per_worker"]) == 16
+    assert (tmp_path / "routing.png").stat().st_size > 0

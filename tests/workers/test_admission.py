@@ -32,6 +32,41 @@ async def test_room_counts_own_in_flight_and_the_workers_polled_load() -> None:
     assert waited == 0.0
 
 
+def test_each_worker_is_admitted_to_the_capacity_it_reports() -> None:
+    admission = Admission(AdmissionConfig())
+    small, large, unknown = _worker(1), _worker(2), _worker(3)
+    small.set_load(WorkerLoad(max_running_requests=2))
+    large.set_load(WorkerLoad(max_running_requests=6))
+    for worker, cap in ((small, 2), (large, 6), (unknown, 48)):  # 48 until a worker reports
+        assert admission.cap(worker) == cap
+        worker.in_flight = cap - 1
+        assert admission.has_room(worker)
+        worker.in_flight = cap
+        assert not admission.has_room(worker)
+
+
+def test_a_configured_cap_overrides_what_workers_report() -> None:
+    admission = Admission(AdmissionConfig(per_worker_cap=3))
+    worker = _worker()
+    worker.set_load(WorkerLoad(max_running_requests=6))
+    assert admission.cap(worker) == 3
+    worker.in_flight = 3
+    assert not admission.has_room(worker)
+
+
+def test_processes_share_each_workers_learned_cap() -> None:
+    admission = Admission(AdmissionConfig(), processes=4)
+    worker = _worker()
+    worker.set_load(WorkerLoad(max_running_requests=6))
+    worker.in_flight = 1
+    assert admission.has_room(worker)
+    worker.in_flight = 2  # ceil(6 / 4)
+    assert not admission.has_room(worker)
+    worker.in_flight = 0
+    worker.set_load(WorkerLoad(running=5, waiting=1, max_running_requests=6))  # others filled it
+    assert not admission.has_room(worker)
+
+
 def test_each_process_admits_its_share_of_the_cap() -> None:
     admission = Admission(AdmissionConfig(per_worker_cap=48), processes=4)
     worker = _worker()
@@ -120,10 +155,14 @@ def test_parse_loads_sums_ranks_and_reads_speculative_fields() -> None:
     )
     assert load is not None
     assert (load.running, load.waiting, load.max_running_requests) == (40, 2, 96)
+    assert load.max_total_num_tokens is None  # not reported by every rank: unknown
     assert load.token_usage == 0.7
     assert load.gen_throughput == 2000.0
     assert load.accept_length == pytest.approx(5.3)
     assert load.accept_rate == pytest.approx(0.61)
+    limits = parse_loads({"loads": [{"max_running_requests": 6, "max_total_num_tokens": 4096}]})
+    assert limits is not None
+    assert (limits.max_running_requests, limits.max_total_num_tokens) == (6, 4096)
     idle = parse_loads({"loads": [{"num_running_reqs": 0, "speculative": {"accept_length": 0}}]})
     assert idle is not None
     assert idle.accept_length is None  # nothing measured yet, not "acceptance 0"
