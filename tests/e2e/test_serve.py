@@ -74,3 +74,43 @@ def test_embedded_default_serves_the_readme_curl_and_stops_its_workers(
         return True
 
     poll(workers_gone, timeout=10)
+
+
+def test_embedded_default_serves_the_openai_and_anthropic_sdks(procs: ProcessManager) -> None:
+    """`make run` as a newcomer points both SDKs at it: each answers, streamed and not."""
+    import anthropic
+    import openai
+
+    env = {"DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0", "DFLASH_GATEWAY_EMBEDDED__SPEED": "20"}
+    gw = procs.start(
+        [str(SCRIPT), "serve", "--port", "{port}"],
+        name="serve",
+        ready_path="/readyz",
+        ready_status=200,
+        timeout=60,
+        env=env,
+    )
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0) as oai:
+        assert oai.models.retrieve("kimi-k2.5").id == "kimi-k2.5"
+        chat = oai.chat.completions.create(
+            model="kimi-k2.5", messages=[{"role": "user", "content": "Why is the sky blue?"}]
+        )
+        assert chat.choices[0].message.content
+    with anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0) as claude:
+        message = claude.messages.create(
+            model="kimi-k2.5",
+            max_tokens=512,
+            messages=[{"role": "user", "content": "Why is the sky blue?"}],
+        )
+        assert message.stop_reason in {"end_turn", "max_tokens"}
+        kinds = [block.type for block in message.content]
+        assert kinds and kinds[0] == "thinking" and set(kinds) <= {"thinking", "text"}
+        with claude.messages.stream(
+            model="kimi-k2.5",
+            max_tokens=512,
+            thinking={"type": "disabled"},
+            messages=[{"role": "user", "content": "Say hello."}],
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text and final.usage.output_tokens > 0
