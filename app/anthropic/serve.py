@@ -13,31 +13,23 @@ the prompt), through the same proxy.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 from typing import Any
 
 import orjson
 
-from app.accesslog import AccessRecord
 from app.anthropic.request import COUNTED, load, translate
 from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
-from app.api.access import reject
-from app.api.request_id import outer_send, request_id_of
-from app.api.security import admit, key_name, release
-from app.errors import GatewayError, UpstreamBadResponse
+from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
-from app.proxy.direct import direct_body
-from app.proxy.downstream import Receive, Send, send_error
-from app.proxy.forward import Job
-from app.proxy.headers import client_headers
-from app.proxy.ingress import check_media_type, check_model, read_body
+from app.proxy.downstream import Receive, Send
+from app.proxy.ingress import Entry, serve_entry
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape
-from app.routing.keys import SESSION_HEADER, routing_key
-from app.routing.policies import RoutingContext
+from app.routing.keys import SESSION_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +88,7 @@ def api_key(read: dict[bytes, bytes]) -> str | None:
     return authorization.decode("latin-1") if authorization is not None else None
 
 
-def _parse(gw: Gateway, path: str, raw: bytes) -> ParsedRequest:
+def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
     count = path == COUNT_ROUTE
@@ -128,46 +120,12 @@ def _parse(gw: Gateway, path: str, raw: bytes) -> ParsedRequest:
     )
 
 
+ENTRIES = {
+    path: Entry(path, _READ, api_key, functools.partial(_parse, path=path), ANTHROPIC)
+    for path in ROUTES
+}
+
+
 async def serve(gw: Gateway, path: str, scope: Any, receive: Receive, send: Send) -> None:
     """Answer one Messages or count_tokens request (see the module doc)."""
-    started = gw.proxy.now()
-    request_id = request_id_of(scope)
-    key: str | None = None
-    slot: contextlib.AsyncExitStack | None = None
-    try:
-        read, forwarded = client_headers(scope["headers"], _READ)
-        key = key_name(api_key(read), gw)
-        check_media_type(read.get(b"content-type"), read.get(b"content-encoding"))
-        slot = await admit(gw, key)
-        raw = await read_body(
-            receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
-        )
-        parsed = _parse(gw, path, raw)
-        check_model(gw, parsed)
-    except Exception as exc:
-        if slot is not None:
-            await release(slot)
-        lane = direct_body(scope)
-        if lane is not None and lane.stopped():  # the server answered and recorded it
-            return
-        if not isinstance(exc, GatewayError):  # a bug: log it, never show it
-            log.exception("request %s failed inside the gateway", request_id)
-            exc = GatewayError("internal error")
-        reject(gw, path, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
-        await send_error(send, exc, request_id.encode("ascii"), ANTHROPIC)
-        return
-    forwarded.append((b"x-request-id", request_id.encode("ascii")))
-    session = read.get(_SESSION)
-    ctx = RoutingContext(
-        parsed.served_model,
-        routing_key(parsed, session.decode("latin-1") if session else None),
-    )
-    record = AccessRecord(request_id, path, parsed.served_model, parsed.stream, key=key)
-    job = Job(parsed, forwarded, request_id, ctx, record, started)
-    try:
-        await gw.proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
-    finally:
-        if slot is not None:
-            await release(slot)
-        if key is not None and record.completion_tokens:
-            gw.metrics.record_key_tokens(key, record.completion_tokens)
+    await serve_entry(gw, ENTRIES[path], scope, receive, send)

@@ -30,7 +30,7 @@ import orjson
 
 from app.anthropic.response import message_id, stop_reason, usage_of
 from app.anthropic.shape import ANTHROPIC
-from app.upstream.sse import ACCEPT_LENGTH_FIELD, Usage, leading_error, parse_usage
+from app.upstream.sse import ACCEPT_LENGTH_FIELD, StreamState, leading_error, parse_usage
 
 _MAX_CARRY = 1 << 20
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
@@ -53,10 +53,9 @@ _TEXT = (b"text_delta", b"text")
 _JSON = (b"input_json_delta", b"partial_json")
 
 
-class MessagesStream:
+class MessagesStream(StreamState):
     __slots__ = (
         "_block",
-        "_carry",
         "_expose",
         "_failed",
         "_finish",
@@ -66,17 +65,12 @@ class MessagesStream:
         "_raw_usage",
         "_steps",
         "_tool",
-        "done",
-        "events",
-        "first_data",
-        "inband_error",
-        "usage",
     )
 
     def __init__(self, model: str, *, expose: bool = False) -> None:
+        super().__init__()
         self._model = model  # the name the client asked for
         self._expose = expose  # add the estimated acceptance length to the final usage
-        self._carry = b""
         self._block: str | None = None  # the open content block's kind
         self._index = -1  # the open (or last) content block's index
         self._tool: Any = None  # the worker's index of the tool call in the open block
@@ -85,11 +79,6 @@ class MessagesStream:
         self._raw_usage: Any = None
         self._steps = 0  # chat data events with choices
         self._failed = False
-        self.first_data = False
-        self.done = False
-        self.events = 0
-        self.usage: Usage | None = None
-        self.inband_error = False
 
     def feed(self, chunk: bytes) -> bytes:
         if self._carry:

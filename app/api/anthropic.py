@@ -11,8 +11,7 @@ from starlette.responses import Response
 
 from app.anthropic import serve as lane
 from app.api.deps import GatewayDep
-from app.gateway import Gateway
-from app.proxy.downstream import Receive, Send
+from app.api.openai import LaneResponse
 
 router = APIRouter()
 
@@ -61,21 +60,9 @@ _ANSWER.update(
 )
 
 
-class MessagesResponse(Response):
-    """A Messages request routed by FastAPI, answered by ``app.anthropic.serve.serve``."""
-
-    def __init__(self, gw: Gateway, path: str) -> None:
-        super().__init__()  # status and headers are decided by serve
-        self._gw = gw
-        self._path = path
-
-    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        await lane.serve(self._gw, self._path, scope, receive, send)
-
-
 def _declare(path: str, name: str) -> None:
     async def endpoint(request: Request, gw: GatewayDep) -> Response:
-        return MessagesResponse(gw, path)
+        return LaneResponse(gw, lane.ENTRIES[path])
 
     endpoint.__name__ = name
     router.add_api_route(

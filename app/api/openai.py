@@ -22,28 +22,30 @@ from app.errors import ModelNotFound
 from app.gateway import Gateway
 from app.proxy import ingress as lane
 from app.proxy.downstream import Receive, Send
+from app.proxy.ingress import Entry
 from app.proxy.request import Route
 
 router = APIRouter()
 
 
-class CompletionResponse(Response):
-    """A completion request routed by FastAPI, answered by ``app.proxy.ingress.serve``."""
+class LaneResponse(Response):
+    """A request of the plain-ASGI lane (``app.proxy.ingress.serve_entry``) that FastAPI routed
+    (the CORS case): answered by the same code, as FastAPI's response."""
 
-    def __init__(self, gw: Gateway, route: Route) -> None:
-        super().__init__()  # status and headers are decided by serve
+    def __init__(self, gw: Gateway, entry: Entry) -> None:
+        super().__init__()  # status and headers are decided by serve_entry
         self._gw = gw
-        self._route = route
+        self._entry = entry
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        await lane.serve(self._gw, self._route, scope, receive, send)
+        await lane.serve_entry(self._gw, self._entry, scope, receive, send)
 
 
 def _declare(route: Route, schema: type[Any], name: str) -> None:
     """Declare a completion route for FastAPI (answered by ``app.proxy.ingress.serve``)."""
 
     async def endpoint(request: Request, gw: GatewayDep) -> Response:
-        return CompletionResponse(gw, route)
+        return LaneResponse(gw, lane.ENTRIES[route])
 
     endpoint.__name__ = name
     router.add_api_route(

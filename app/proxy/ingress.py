@@ -8,7 +8,8 @@ reach a worker), the key's limits (429, before the body is read), the body (413 
 e.g. a 408 for a body too slow: it recorded that), its validation (``app.proxy.request``, 400), the
 model (404; 503 while no worker serves it or the gateway drains), then the proxy, which answers.
 Every error before the proxy runs is answered here in OpenAI shape, logged and counted
-(``app.api.access.reject``).
+(``app.api.access.reject``). ``serve_entry`` is the same door for another API family (an
+``Entry``: its headers, key, body translation and error shape; ``app.anthropic.serve``).
 
 ``GatewayApp`` (``app.main``) calls ``serve`` ahead of FastAPI's middleware, routing and dependency
 injection, which together cost about as much CPU per request as relaying the whole answer. FastAPI
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from app.accesslog import AccessRecord
@@ -41,6 +44,7 @@ from app.proxy.downstream import Receive, Send, send_error
 from app.proxy.forward import Job
 from app.proxy.headers import client_headers
 from app.proxy.request import ParsedRequest, Route, parse_request
+from app.proxy.surface import OPENAI, ErrorShape
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 
@@ -53,24 +57,55 @@ _READ = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What differs between the API families at the door: the route label, the headers read,
+    where the API key is, how the body becomes a ``ParsedRequest``, and the error shape."""
+
+    route: str
+    read: frozenset[bytes]
+    credential: Callable[[dict[bytes, bytes]], str | None]
+    parse: Callable[[Gateway, bytes], ParsedRequest]
+    shape: ErrorShape = OPENAI
+
+
+def bearer(read: dict[bytes, bytes]) -> str | None:
+    """The Authorization header (OpenAI's one place for the key)."""
+    authorization = read.get(b"authorization")
+    return authorization.decode("latin-1") if authorization is not None else None
+
+
+def _openai(route: Route) -> Entry:
+    def parse(gw: Gateway, raw: bytes) -> ParsedRequest:
+        limits, aliases = gw.settings.limits, gw.settings.model_aliases
+        return parse_request(raw, route, limits=limits, aliases=aliases)
+
+    return Entry(route.value, _READ, bearer, parse)
+
+
+ENTRIES = {route: _openai(route) for route in ROUTES.values()}
+
+
 async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: Send) -> None:
-    """Answer one completion request (see the module doc)."""
+    """Answer one OpenAI completion request (see the module doc)."""
+    await serve_entry(gw, ENTRIES[route], scope, receive, send)
+
+
+async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, send: Send) -> None:
+    """Answer one request of ``entry``'s API (see the module doc)."""
     started = gw.proxy.now()
     request_id = request_id_of(scope)
     key: str | None = None
     slot: contextlib.AsyncExitStack | None = None
     try:
-        read, forwarded = client_headers(scope["headers"], _READ)
-        authorization = read.get(b"authorization")
-        key = key_name(authorization.decode("latin-1") if authorization else None, gw)
+        read, forwarded = client_headers(scope["headers"], entry.read)
+        key = key_name(entry.credential(read), gw)
         check_media_type(read.get(b"content-type"), read.get(b"content-encoding"))
         slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
         )
-        parsed = parse_request(
-            raw, route, limits=gw.settings.limits, aliases=gw.settings.model_aliases
-        )
+        parsed = entry.parse(gw, raw)
         check_model(gw, parsed)
     except Exception as exc:
         if slot is not None:
@@ -81,8 +116,8 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
         if not isinstance(exc, GatewayError):  # a bug: log it, never show it
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")
-        reject(gw, route.value, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
-        await send_error(send, exc, request_id.encode("ascii"))
+        reject(gw, entry.route, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
+        await send_error(send, exc, request_id.encode("ascii"), entry.shape)
         return
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
     session = read.get(_SESSION)
@@ -91,8 +126,8 @@ async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: S
         routing_key(parsed, session.decode("latin-1") if session else None),
     )
     if parsed.dropped is not None:
-        gw.metrics.record_dropped_fields(route.value)
-    record = AccessRecord(request_id, route.value, parsed.served_model, parsed.stream, key=key)
+        gw.metrics.record_dropped_fields(entry.route)
+    record = AccessRecord(request_id, entry.route, parsed.served_model, parsed.stream, key=key)
     job = Job(parsed, forwarded, request_id, ctx, record, started)
     try:
         # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per chunk.

@@ -108,29 +108,29 @@ def _events(chunk: bytes) -> int:
     return chunk.count(_EVENT) + chunk.startswith(b"data:")
 
 
-class SSEObserver:
-    __slots__ = (
-        "_carry",
-        "_drop_usage",
-        "_expose",
-        "_overhead",
-        "done",
-        "events",
-        "first_data",
-        "inband_error",
-        "usage",
-    )
+class StreamState:
+    """What the relay reads of a stream's observer, whatever it relays (``SSEObserver`` passes
+    the worker's events on; ``app.anthropic.stream`` translates them)."""
+
+    __slots__ = ("_carry", "done", "events", "first_data", "inband_error", "usage")
+
+    def __init__(self) -> None:
+        self._carry = b""  # the start of an event whose end has not arrived
+        self.first_data = False  # a data: event has passed through feed() (the commit point)
+        self.done = False  # the worker's [DONE] arrived
+        self.events = 0  # the worker's data: events seen
+        self.usage: Usage | None = None
+        self.inband_error = False  # the worker sent an error event after the commit point
+
+
+class SSEObserver(StreamState):
+    __slots__ = ("_drop_usage", "_expose", "_overhead")
 
     def __init__(self, *, drop_usage: bool, overhead: int = 0, expose: bool = False) -> None:
+        super().__init__()
         self._drop_usage = drop_usage
         self._overhead = overhead  # data events per stream that carry no verify step
         self._expose = expose  # add the estimated acceptance length to a relayed usage chunk
-        self._carry = b""
-        self.first_data = False  # a data: event has passed through feed()
-        self.done = False
-        self.events = 0  # data: events relayed (or dropped: the forced usage chunk)
-        self.usage: Usage | None = None
-        self.inband_error = False
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to relay now for this upstream ``chunk`` (may be empty)."""
