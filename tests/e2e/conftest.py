@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
+from tests.support.procs import PYTHON, ManagedProcess, ProcessManager, managed_processes
 
 FAST_HEALTH = {"DFLASH_GATEWAY_HEALTH__INTERVAL_S": "0.3", "DFLASH_GATEWAY_LOG_LEVEL": "info"}
 
@@ -79,19 +78,12 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("e2e")))
-    try:
+    with managed_processes(tmp_path_factory, "e2e") as manager:
         emus = [
             emulator(manager, "emu-a", "--seed", "1"),
             emulator(manager, "emu-b", "--seed", "1"),
         ]
         yield Stack(gateway(manager, emus), emus)
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
+from tests.support.procs import PYTHON, ManagedProcess, managed_processes
 from tests.support.prometheus import Prometheus, start_prometheus
 from tests.support.tools import require_tool
 
@@ -171,8 +171,7 @@ def _settle(live: Live, target: int, timeout: float = 30.0) -> tuple[float, floa
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     require_tool("prometheus")  # before anything starts
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("metrics")))
-    try:
+    with managed_processes(tmp_path_factory, "metrics") as manager:
         emus = [
             manager.start(
                 [*EMULATE, "--seed", str(i)],
@@ -220,12 +219,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             live.truth.update({r["rid"]: r for r in stats["requests"]})
         _settle(live, seen)
         yield live
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 def _mean(values: list[float]) -> float:

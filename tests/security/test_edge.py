@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.conftest import poll
 from tests.security.stack import CHAT, MODEL, chat, emulator, error_of, start_gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, ProcessManager, managed_processes
 
 KEY = "sk-edge-3c4d5e6f7a8b9c0d1e2f"
 OTHER_KEY = "sk-edge-other-99887766554433"
@@ -32,8 +32,7 @@ MAX_CONNECTIONS = 4
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("edge")))
-    try:
+    with managed_processes(tmp_path_factory, "edge") as manager:
         emu = emulator(manager, "emu", "--speed", "1000")
         yield start_gateway(
             manager,
@@ -45,12 +44,6 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
                 "DFLASH_GATEWAY_LOG_JSON": "true",
             },
         )
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 def _connect(gw: ManagedProcess) -> socket.socket:

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from tests.security.stack import MODEL, emulator, error_of, start_gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -30,8 +30,7 @@ MSG = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("fuzz")))
-    try:
+    with managed_processes(tmp_path_factory, "fuzz") as manager:
         emu = emulator(manager, "emu", "--speed", "100")
         yield start_gateway(
             manager,
@@ -43,12 +42,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
                 "DFLASH_GATEWAY_LIMITS__MAX_MESSAGES": "64",
             },
         )
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 def _nested(depth: int) -> bytes:

@@ -10,7 +10,6 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +18,7 @@ import pytest
 
 from tests.e2e.conftest import poll
 from tests.security.stack import CHAT, MODEL, chat, emulator, start_gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 
 BODY_S = 0.5
 MAX_HEADER_BYTES = 4096
@@ -28,8 +27,7 @@ STREAM_TOKENS = 600  # at the emulator's speed, a stream that outlasts BODY_S se
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("order")))
-    try:
+    with managed_processes(tmp_path_factory, "order") as manager:
         emu = emulator(manager, "emu", "--speed", "4")
         yield start_gateway(
             manager,
@@ -40,12 +38,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
                 "DFLASH_GATEWAY_LOG_JSON": "true",
             },
         )
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 def _read_all(sock: socket.socket) -> bytes:

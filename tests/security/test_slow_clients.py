@@ -22,7 +22,7 @@ import pytest
 
 from tests.e2e.conftest import poll
 from tests.security.stack import CHAT, MODEL, emulator, start_gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 
 HEADER_S = 1.0
 BODY_S = 1.0
@@ -32,8 +32,7 @@ SLOW_READER_TOKENS = 400_000
 
 @pytest.fixture(scope="module")
 def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, ...]]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("slow")))
-    try:
+    with managed_processes(tmp_path_factory, "slow") as manager:
         emu = emulator(manager, "emu", "--speed", "1000")
         gw = start_gateway(
             manager,
@@ -46,12 +45,6 @@ def slow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Manag
             },
         )
         yield gw, emu
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 def _connect(gw: ManagedProcess, rcvbuf: int | None = None) -> socket.socket:

@@ -1,5 +1,13 @@
 """Real processes for integration tests; the implementation is shared with the benchmarks."""
 
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 from loadtest.processes import (
     PYTHON,
     ManagedProcess,
@@ -8,4 +16,28 @@ from loadtest.processes import (
     free_port,
 )
 
-__all__ = ["PYTHON", "ManagedProcess", "ProcessManager", "ProcessStartError", "free_port"]
+__all__ = [
+    "PYTHON",
+    "ManagedProcess",
+    "ProcessManager",
+    "ProcessStartError",
+    "free_port",
+    "managed_processes",
+]
+
+
+@contextlib.contextmanager
+def managed_processes(
+    tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[ProcessManager]:
+    """A module's processes (logs under a fresh ``name`` directory): every one is stopped on the
+    way out, and their logs are printed if setting them up failed."""
+    manager = ProcessManager(Path(tmp_path_factory.mktemp(name)))
+    try:
+        yield manager
+    except BaseException:
+        for chunk in manager.dump_logs():
+            print(chunk)
+        raise
+    finally:
+        manager.stop_all()
