@@ -26,6 +26,7 @@ class AccessRecord:
     model: str
     stream: bool
     key: str | None = None  # the API key's name, never the key
+    priority: str | None = None  # the request's priority class (tenants)
     worker: str | None = None
     status: int = 0
     outcome: Outcome = Outcome.OK
@@ -34,6 +35,8 @@ class AccessRecord:
     duration_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    accept_length: float | None = None  # completion tokens per verify step (DFlash)
     chunks: int = 0
     error: str | None = None
 

@@ -14,12 +14,10 @@ This is the only module that reads ``os.environ``.
 from __future__ import annotations
 
 import os
-import tomllib
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -29,7 +27,9 @@ from pydantic_settings import (
 )
 
 from app.auth import check_keys, read_keys_file
+from app.config_file import ConfigFileSource
 from app.routing.config import RoutingConfig
+from app.tenants.config import TenantsConfig
 
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
@@ -172,6 +172,15 @@ class AuthConfig(_Section):
         return path
 
 
+class WorkersConfig(_Section):
+    """What the workers were started with, where the gateway must match it."""
+
+    # The workers run with SGLang's --enable-priority-scheduling: each request carries its
+    # priority class (``tenants``) in SGLang's ``priority`` field. Off, the field is not sent
+    # (SGLang refuses it when its scheduling is off). The chart sets both together.
+    priority_scheduling: bool = False
+
+
 class DiscoveryConfig(_Section):
     """Where the worker set comes from (``static`` = ``worker_urls``)."""
 
@@ -283,6 +292,8 @@ class Settings(BaseSettings):
     discovery: DiscoveryConfig = DiscoveryConfig()
     embedded: EmbeddedConfig = EmbeddedConfig()
     routing: RoutingConfig = RoutingConfig()
+    tenants: TenantsConfig = TenantsConfig()
+    workers: WorkersConfig = WorkersConfig()
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")
     @classmethod
@@ -338,41 +349,8 @@ class Settings(BaseSettings):
         path = init_kwargs.get("config_file") or os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
         sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
         if path:
-            sources += (_ConfigFileSource(settings_cls, Path(path)),)
+            sources += (ConfigFileSource(settings_cls, Path(path)),)
         return sources
-
-
-class _ConfigFileSource(PydanticBaseSettingsSource):
-    """A YAML (.yaml/.yml) or TOML (.toml) file with the same keys as the environment, nested."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
-        super().__init__(settings_cls)
-        self._data = read_config_file(path)
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._data)
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from exc
-    try:
-        if path.suffix == ".toml":
-            data: Any = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise ValueError(f"config file {path} must end in .yaml, .yml or .toml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"config file {path} is not valid: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping at the top level")
-    return {str(key).replace("-", "_"): value for key, value in data.items()}
 
 
 class ConfigError(Exception):

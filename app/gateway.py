@@ -10,6 +10,7 @@ from app.config import Settings
 from app.limits import Limiter
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
+from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
 
 
@@ -21,6 +22,7 @@ class Gateway:
     pool: WorkerPool
     proxy: Proxy
     metrics: Metrics
+    tenants: Tenants  # each key's policy: weight, priority class, quotas
     keys: KeyStore = field(default_factory=KeyStore)  # no keys: open
     limiter: Limiter | None = None  # per-key limits, when configured
     access: AccessLog = field(default_factory=AccessLog)  # the access log (one line per answer)

@@ -32,6 +32,7 @@ from app.proxy import ingress
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.routing.policies import make_policy
+from app.tenants.tenant import Tenants
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
@@ -108,6 +109,7 @@ def create_app(
         pool=pool,
         proxy=proxy,
         metrics=metrics,
+        tenants=Tenants(settings.tenants),
         keys=keys,
         limiter=limiter,
         access=access,

@@ -30,6 +30,7 @@ from app.proxy.ingress import Entry, serve_entry
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape
 from app.routing.keys import SESSION_HEADER
+from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ _READ = frozenset(
         b"content-type",
         b"content-encoding",
         _SESSION,
+        PRIORITY_HEADER.lower().encode("ascii"),
     }
 )
 

@@ -33,6 +33,8 @@ RETRY_REASONS = frozenset(
     }
 )
 SOURCES = ("exact", "estimated")
+# Token quotas a request can be refused by (``tenants.*``).
+QUOTAS = ("tokens_per_min", "tokens_per_day")
 
 # Accept lengths are 1..8 (block size 8): quarter steps. TTFT covers minutes of prefill/queueing.
 ACCEPT_LENGTH_BUCKETS = tuple(1 + 0.25 * i for i in range(29))
@@ -108,8 +110,8 @@ class Families:
         self.aborts_sent = counter("aborts_sent", "POST /abort_request calls sent to workers")
         self.queue_wait = histogram(
             "queue_wait_seconds",
-            "Time a request waited for a worker with capacity (admission queue)",
-            (),
+            "Time a request waited for a worker with capacity (admission queue), by priority class",
+            ("priority",),
             QUEUE_BUCKETS,
         )
         # Latency of streams.
@@ -228,6 +230,23 @@ class Families:
         self.key_requests = counter("key_requests", "Requests per API key name", ("key",))
         self.key_completion_tokens = counter(
             "key_completion_tokens", "Completion tokens per API key name", ("key",)
+        )
+        self.key_prompt_tokens = counter(
+            "key_prompt_tokens", "Prompt tokens per API key name", ("key",)
+        )
+        self.key_reasoning_tokens = counter(
+            "key_reasoning_tokens",
+            "Reasoning tokens per API key name (part of its completion tokens)",
+            ("key",),
+        )
+        self.quota_rejections = counter(
+            "quota_rejections",
+            "Requests refused with 429 because their key was over a quota, by quota",
+            ("key", "quota"),
+        )
+        self.usage_log_dropped = counter(
+            "usage_log_dropped_lines",
+            "Usage log lines dropped because the writer fell behind or the disk failed",
         )
         self.dropped_fields = counter(
             "requests_with_dropped_fields",

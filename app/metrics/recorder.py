@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from app.metrics.families import (
     MAX_MODELS,
     OTHER,
+    QUOTAS,
     RETRY_REASONS,
     ROUTES,
     SOURCES,
@@ -25,6 +26,7 @@ from app.metrics.families import (
 )
 from app.metrics.prom_adapter import multiprocess_mode, observe_gaps, render, render_multiprocess
 from app.outcomes import ATTEMPT_OUTCOMES, STREAM_OUTCOMES, Outcome
+from app.tenants.config import PRIORITIES
 
 
 class LoadView(Protocol):
@@ -117,6 +119,8 @@ class Metrics(Families):
             self.stream_outcomes.labels(outcome)
         for route in ROUTES:
             self.dropped_fields.labels(route)
+        for priority in PRIORITIES:
+            self.queue_wait.labels(priority)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
         self._model(OTHER)
@@ -210,6 +214,10 @@ class Metrics(Families):
         """Pre-initialise a configured API key name's series."""
         self.key_requests.labels(name)
         self.key_completion_tokens.labels(name)
+        self.key_prompt_tokens.labels(name)
+        self.key_reasoning_tokens.labels(name)
+        for quota in QUOTAS:
+            self.quota_rejections.labels(name, quota)
 
     # -- once per request ---------------------------------------------------------------------
 
@@ -276,8 +284,8 @@ class Metrics(Families):
             tpot = (chunk_times[-1] - first_at) / (completion_tokens - 1)
             self._child(self.tpot, label).observe(tpot)
 
-    def record_queue_wait(self, seconds: float) -> None:
-        self.queue_wait.observe(seconds)
+    def record_queue_wait(self, seconds: float, priority: str) -> None:
+        self._child(self.queue_wait, priority).observe(seconds)
 
     def record_attempt(self, worker: str, outcome: Outcome) -> None:
         self._child(self.upstream_attempts, worker, outcome).inc()
@@ -294,8 +302,20 @@ class Metrics(Families):
     def record_key_request(self, name: str) -> None:
         self._child(self.key_requests, name).inc()
 
-    def record_key_tokens(self, name: str, completion_tokens: int) -> None:
-        self._child(self.key_completion_tokens, name).inc(completion_tokens)
+    def record_key_tokens(self, name: str, *, prompt: int, completion: int, reasoning: int) -> None:
+        if prompt:
+            self._child(self.key_prompt_tokens, name).inc(prompt)
+        if completion:
+            self._child(self.key_completion_tokens, name).inc(completion)
+        if reasoning:
+            self._child(self.key_reasoning_tokens, name).inc(reasoning)
+
+    def record_quota_rejection(self, name: str, quota: str) -> None:
+        """``quota``: one of ``QUOTAS``."""
+        self._child(self.quota_rejections, name, quota).inc()
+
+    def record_usage_log_dropped(self, lines: int = 1) -> None:
+        self.usage_log_dropped.inc(lines)
 
     # -- when scraped -------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from app.proxy.request import ParsedRequest
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import OPENAI
 from app.routing.policies import Policy, RoutingContext
+from app.tenants.tenant import Tenant
 from app.upstream.client import UpstreamClient
 from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
@@ -62,6 +63,7 @@ class Job:
     ctx: RoutingContext
     record: AccessRecord
     started: float
+    tenant: Tenant  # the key's policy and this request's priority class
     queue_wait_s: float = 0.0  # time spent in the admission queue
     attempt: Attempt | None = None  # the last upstream attempt
 
@@ -216,6 +218,7 @@ class Proxy:
         if tally.usage is not None:
             record.prompt_tokens = tally.usage.prompt_tokens
             record.completion_tokens = tally.usage.completion_tokens
+            record.reasoning_tokens = tally.usage.reasoning_tokens or None
 
     def _record(self, job: Job, end: float) -> None:
         """The request's metrics, all at once (none were touched while relaying)."""
@@ -223,7 +226,7 @@ class Proxy:
         if request.stream:
             metrics.record_stream(record.outcome)
         metrics.record_request(record.route, model, record.status, end - job.started)
-        metrics.record_queue_wait(job.queue_wait_s)
+        metrics.record_queue_wait(job.queue_wait_s, job.tenant.priority_name)
         attempt = job.attempt
         tally = attempt.tally if attempt is not None else None
         usage = tally.usage if tally is not None else None
@@ -244,8 +247,10 @@ class Proxy:
                 verify_steps=steps,
                 source=source,
             )
-            if source is not None and steps and usage.completion_tokens:
-                self.acceptance.observe(attempt.worker, usage.completion_tokens / steps)
+            if steps and usage.completion_tokens:
+                record.accept_length = round(usage.completion_tokens / steps, 3)
+                if source is not None:
+                    self.acceptance.observe(attempt.worker, usage.completion_tokens / steps)
         if request.stream and tally is not None and tally.first_at is not None:
             metrics.record_stream_timing(
                 model,

@@ -47,13 +47,22 @@ from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
+from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
 ROUTES = {route.value: route for route in (Route.CHAT, Route.COMPLETIONS)}
 _SESSION = SESSION_HEADER.encode("ascii")
+_PRIORITY = PRIORITY_HEADER.lower().encode("ascii")
 _READ = frozenset(
-    {b"authorization", b"content-length", b"content-type", b"content-encoding", _SESSION}
+    {
+        b"authorization",
+        b"content-length",
+        b"content-type",
+        b"content-encoding",
+        _SESSION,
+        _PRIORITY,
+    }
 )
 
 
@@ -100,6 +109,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
     try:
         read, forwarded = client_headers(scope["headers"], entry.read)
         key = key_name(entry.credential(read), gw)
+        tenant = gw.tenants.resolve(key, read.get(_PRIORITY))
         check_media_type(read.get(b"content-type"), read.get(b"content-encoding"))
         slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
         raw = await read_body(
@@ -127,16 +137,28 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
     )
     if parsed.dropped is not None:
         gw.metrics.record_dropped_fields(entry.route)
-    record = AccessRecord(request_id, entry.route, parsed.served_model, parsed.stream, key=key)
-    job = Job(parsed, forwarded, request_id, ctx, record, started)
+    record = AccessRecord(
+        request_id,
+        entry.route,
+        parsed.served_model,
+        parsed.stream,
+        key=key,
+        priority=tenant.priority_name,
+    )
+    job = Job(parsed, forwarded, request_id, ctx, record, started, tenant)
     try:
         # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per chunk.
         await gw.proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
     finally:
         if slot is not None:
             await release(slot)
-        if key is not None and record.completion_tokens:
-            gw.metrics.record_key_tokens(key, record.completion_tokens)
+        if key is not None and (record.prompt_tokens or record.completion_tokens):
+            gw.metrics.record_key_tokens(
+                key,
+                prompt=record.prompt_tokens or 0,
+                completion=record.completion_tokens or 0,
+                reasoning=record.reasoning_tokens or 0,
+            )
 
 
 def check_media_type(content_type: bytes | None, encoding: bytes | None) -> None:

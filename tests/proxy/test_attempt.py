@@ -24,6 +24,8 @@ from app.proxy.attempt import Ended, Scope
 from app.proxy.forward import Job, Proxy
 from app.proxy.request import Route, parse_request
 from app.routing.policies import RoutingContext
+from app.tenants.config import TenantsConfig
+from app.tenants.tenant import Tenants
 from app.upstream.client import UpstreamClient
 from app.workers.breaker import CircuitBreaker
 from app.workers.pool import WorkerPool
@@ -213,7 +215,8 @@ class Rig:
         )
         record = AccessRecord("req-1", Route.CHAT.value, parsed.served_model, True)
         ctx = RoutingContext(parsed.served_model, None)
-        return Job(parsed, [], "req-1", ctx, record, self.clock())
+        tenant = Tenants(TenantsConfig()).resolve(None)
+        return Job(parsed, [], "req-1", ctx, record, self.clock(), tenant)
 
     def attempts(self, worker: RawWorker, outcome: Outcome) -> float:
         labels = {"worker": f"127.0.0.1:{worker.port}", "outcome": outcome.value}
