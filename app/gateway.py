@@ -10,6 +10,7 @@ from app.config import Settings
 from app.limits import Limiter
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
+from app.tenants.quota import TokenQuotas
 from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
 
@@ -25,6 +26,7 @@ class Gateway:
     tenants: Tenants  # each key's policy: weight, priority class, quotas
     keys: KeyStore = field(default_factory=KeyStore)  # no keys: open
     limiter: Limiter | None = None  # per-key limits, when configured
+    quota: TokenQuotas | None = None  # per-key token quotas, when a policy has one
     access: AccessLog = field(default_factory=AccessLog)  # the access log (one line per answer)
     draining: bool = False  # SIGTERM received: not ready (new requests served a little longer)
     accepting: bool = True  # False once the drain window closed: new requests get 503

@@ -2,10 +2,14 @@
 
 A token bucket per key name (``rate_per_s`` sustained, ``burst`` at once) and a cap on requests in
 flight per key. Over either limit the request is refused with 429 + ``Retry-After`` (the only 429
-the gateway sends; see CONTRACTS.md). The in-process backend limits each gateway process on its
-own; the Redis backend shares the limits across gateway replicas and processes, with the bucket
-updated atomically in a Lua script on the Redis server's clock. If Redis cannot be reached the
-request is let through (logged): a limiter outage must not become a gateway outage.
+the gateway sends, with the token quotas of ``app.tenants.quota``; see CONTRACTS.md). ``hold``
+gives the request rate's ``Budget`` for the rate-limit headers (``app.tenants.headers``): the
+rate per minute, the whole requests left in the bucket, and the seconds until it is full. The
+in-process backend limits each gateway process on its own; the Redis backend shares the limits
+across gateway replicas and processes, with the bucket updated atomically in a Lua script on the
+Redis server's clock. If Redis cannot be reached the request is let through: a limiter outage must
+not become a gateway outage. ``StoreErrors`` counts each such failure and logs them at most every
+few seconds, not once per request.
 
 ``make_limiter`` picks the backend from ``LimitsConfig``; None when no per-key limit is set.
 """
@@ -22,6 +26,7 @@ from typing import Any, Protocol
 
 from app.config import LimitsConfig
 from app.errors import RateLimited
+from app.tenants.headers import Budget
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -33,16 +38,70 @@ class KeyLimits:
     burst: int = 10
     max_concurrent: int | None = None  # None: no concurrency limit
 
+    def budget(self, tokens: float) -> Budget:
+        """The request rate as the headers tell it, with ``tokens`` left in the key's bucket:
+        the limit per minute, whole requests left (at most the limit) and the seconds until the
+        bucket is full."""
+        assert self.rate_per_s is not None
+        limit = max(1, round(self.rate_per_s * 60))
+        reset_s = max(0.0, (self.burst - tokens) / self.rate_per_s)
+        return Budget(limit, min(limit, max(0, int(tokens))), reset_s)
+
 
 class Limiter(Protocol):
     def hold(self, key: str) -> Any:
-        """``async with limiter.hold(key):`` for the whole request; raises RateLimited."""
+        """``async with limiter.hold(key) as budget:`` for the whole request; ``budget``: the
+        request rate's ``Budget`` (None without a rate limit, or when the store failed). Raises
+        ``RateLimited``, its ``budget`` set when the key has a rate limit."""
         ...
 
     async def close(self) -> None: ...
 
 
-def make_limiter(config: LimitsConfig, clock: Clock = time.monotonic) -> Limiter | None:
+class StoreErrors:
+    """Failures of a shared limit store: each one counted (``count``), and logged at most once
+    every ``every_s`` seconds with how many there were since, so an outage under load does not
+    write a log line per request."""
+
+    def __init__(
+        self,
+        what: str,
+        count: Callable[[], None] | None = None,
+        *,
+        every_s: float = 10.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._what = what
+        self._count = count
+        self._every_s = every_s
+        self._clock = clock
+        self._logged_at: float | None = None
+        self._unlogged = 0
+
+    def __call__(self, op: str, exc: BaseException) -> None:
+        if self._count is not None:
+            self._count()
+        self._unlogged += 1
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < self._every_s:
+            return
+        log.warning(
+            "%s store unavailable (%s: %s); not limiting (%d failure(s) since the last report)",
+            self._what,
+            op,
+            exc,
+            self._unlogged,
+        )
+        self._logged_at, self._unlogged = now, 0
+
+
+def make_limiter(
+    config: LimitsConfig,
+    clock: Clock = time.monotonic,
+    *,
+    on_store_error: Callable[[], None] | None = None,
+) -> Limiter | None:
+    """The per-key limiter (None without limits); ``on_store_error`` counts a Redis failure."""
     limits = KeyLimits(
         rate_per_s=config.key_rate_per_s,
         burst=config.key_burst,
@@ -51,7 +110,9 @@ def make_limiter(config: LimitsConfig, clock: Clock = time.monotonic) -> Limiter
     if limits.rate_per_s is None and limits.max_concurrent is None:
         return None
     if config.redis_url:
-        return RedisLimiter(config.redis_url, limits)
+        return RedisLimiter(
+            config.redis_url, limits, errors=StoreErrors("rate-limit", on_store_error)
+        )
     return LocalLimiter(limits, clock)
 
 
@@ -63,19 +124,25 @@ class TokenBucket:
         self._tokens = float(burst)
         self._stamp = clock()
 
-    def take(self) -> float:
-        """Take one token: 0.0 when granted, else the seconds until one is available."""
+    def level(self) -> float:
+        """The tokens in the bucket now."""
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
         self._stamp = now
-        if self._tokens >= 1.0:
+        return self._tokens
+
+    def take(self) -> float:
+        """Take one token: 0.0 when granted, else the seconds until one is available."""
+        if self.level() >= 1.0:
             self._tokens -= 1.0
             return 0.0
         return (1.0 - self._tokens) / self._rate
 
 
-def _refuse(wait_s: float, why: str) -> RateLimited:
-    return RateLimited(why, retry_after=max(1, math.ceil(wait_s)))
+def _refuse(wait_s: float, why: str, budget: Budget | None = None) -> RateLimited:
+    refused = RateLimited(why, retry_after=max(1, math.ceil(wait_s)))
+    refused.budget = budget
+    return refused
 
 
 class LocalLimiter:
@@ -90,49 +157,57 @@ class LocalLimiter:
     async def close(self) -> None:
         pass
 
+    def _bucket(self, key: str, rate_per_s: float) -> TokenBucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = TokenBucket(rate_per_s, self._limits.burst, self._clock)
+        return bucket
+
     @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
+    async def hold(self, key: str) -> AsyncIterator[Budget | None]:
         limits = self._limits
+        rate = limits.rate_per_s
         if limits.max_concurrent is not None and (
             self._in_flight.get(key, 0) >= limits.max_concurrent
         ):
+            budget = None if rate is None else limits.budget(self._bucket(key, rate).level())
             raise _refuse(
                 1.0,
                 f"too many concurrent requests for this API key (limit {limits.max_concurrent})",
+                budget,
             )
-        if limits.rate_per_s is not None:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = TokenBucket(
-                    limits.rate_per_s, limits.burst, self._clock
-                )
+        budget = None
+        if rate is not None:
+            bucket = self._bucket(key, rate)
             wait = bucket.take()
+            budget = limits.budget(bucket.level())
             if wait:
                 raise _refuse(
-                    wait,
-                    f"rate limit of {limits.rate_per_s:g} requests/s exceeded for this API key",
+                    wait, f"rate limit of {rate:g} requests/s exceeded for this API key", budget
                 )
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         try:
-            yield
+            yield budget
         finally:
             self._in_flight[key] -= 1
 
 
-# KEYS[1] bucket hash; ARGV rate, burst. Returns 0 when granted, else milliseconds to wait.
+# KEYS[1] bucket hash; ARGV rate, burst, 1 to take a token (0: only look). Returns {0 when granted,
+# else milliseconds to wait; thousandths of a token left}.
 _BUCKET_LUA = """
 local now = redis.call('TIME')
 local t = tonumber(now[1]) + tonumber(now[2]) / 1e6
-local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rate, burst, take = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'stamp')
 local tokens = tonumber(state[1]) or burst
 local stamp = tonumber(state[2]) or t
 tokens = math.min(burst, tokens + (t - stamp) * rate)
 local wait = 0
+if take == 0 then return {0, math.floor(tokens * 1000)} end
 if tokens >= 1 then tokens = tokens - 1 else wait = math.ceil((1 - tokens) / rate * 1000) end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'stamp', t)
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return wait
+return {wait, math.floor(tokens * 1000)}
 """
 
 # KEYS[1] counter; ARGV limit, ttl ms. Returns 1 when admitted.
@@ -148,7 +223,8 @@ return 1
 class RedisLimiter:
     """Limits shared by every gateway replica through one Redis. A replica that dies holding
     concurrency slots leaks them only until the counter's TTL (``lease_ttl_s``) expires. Every
-    Redis call is bounded by ``timeout_s``; on any Redis error the request is admitted."""
+    Redis call is bounded by ``timeout_s``; on any Redis error the request is admitted (and the
+    failure reported to ``errors``)."""
 
     def __init__(
         self,
@@ -158,6 +234,7 @@ class RedisLimiter:
         prefix: str = "dflash-gateway",
         lease_ttl_s: float = 3600.0,
         timeout_s: float = 0.5,
+        errors: StoreErrors | None = None,
     ) -> None:
         import redis.asyncio as redis
         from redis.exceptions import RedisError
@@ -166,6 +243,7 @@ class RedisLimiter:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._errors = (RedisError, OSError)
+        self._report = errors or StoreErrors("rate-limit")
         self._limits = limits
         self._prefix = prefix
         self._ttl_ms = int(lease_ttl_s * 1000)
@@ -176,15 +254,32 @@ class RedisLimiter:
         await self._redis.aclose()
 
     async def _call(self, what: str, call: Any, **kwargs: Any) -> Any:
-        """The Redis call's result, or None when Redis failed (logged: the request goes on)."""
+        """The Redis call's result, or None when Redis failed (reported: the request goes on)."""
         try:
             return await call(**kwargs)
         except self._errors as exc:
-            log.warning("rate-limit store unavailable (%s: %s); not limiting", what, exc)
+            self._report(what, exc)
             return None
 
+    async def _take(self, key: str, take: int) -> tuple[float, Budget] | None:
+        """Seconds to wait (0: granted) and the budget left, taking ``take`` tokens from the
+        key's bucket; None without a rate limit or when Redis failed."""
+        limits = self._limits
+        if limits.rate_per_s is None:
+            return None
+        answer = await self._call(
+            "bucket",
+            self._bucket,
+            keys=[f"{self._prefix}:bucket:{key}"],
+            args=[limits.rate_per_s, limits.burst, take],
+        )
+        if answer is None:
+            return None
+        wait_ms, milli_tokens = answer
+        return int(wait_ms) / 1000, limits.budget(int(milli_tokens) / 1000)
+
     @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
+    async def hold(self, key: str) -> AsyncIterator[Budget | None]:
         limits = self._limits
         counter = f"{self._prefix}:inflight:{key}"
         counted = False
@@ -193,26 +288,23 @@ class RedisLimiter:
                 "acquire", self._acquire, keys=[counter], args=[limits.max_concurrent, self._ttl_ms]
             )
             if admitted is not None and not admitted:
+                looked = await self._take(key, 0)
                 raise _refuse(
                     1.0,
                     f"too many concurrent requests for this API key "
                     f"(limit {limits.max_concurrent})",
+                    None if looked is None else looked[1],
                 )
             counted = admitted is not None
         try:
-            if limits.rate_per_s is not None:
-                wait_ms = await self._call(
-                    "bucket",
-                    self._bucket,
-                    keys=[f"{self._prefix}:bucket:{key}"],
-                    args=[limits.rate_per_s, limits.burst],
+            taken = await self._take(key, 1)
+            if taken is not None and taken[0]:
+                raise _refuse(
+                    taken[0],
+                    f"rate limit of {limits.rate_per_s:g} requests/s exceeded for this API key",
+                    taken[1],
                 )
-                if wait_ms:
-                    raise _refuse(
-                        int(wait_ms) / 1000,
-                        f"rate limit of {limits.rate_per_s:g} requests/s exceeded for this API key",
-                    )
-            yield
+            yield None if taken is None else taken[1]
         finally:
             if counted:
                 await self._call("release", self._redis.decr, name=counter)

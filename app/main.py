@@ -32,6 +32,8 @@ from app.proxy import ingress
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.routing.policies import make_policy
+from app.tenants.headers import RATE_LIMIT_HEADERS
+from app.tenants.quota import make_quotas
 from app.tenants.tenant import Tenants
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
@@ -103,7 +105,14 @@ def create_app(
     health = HealthChecker(pool, client, settings.health)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
     keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
-    limiter = make_limiter(settings.limits, clock)
+    limiter = make_limiter(
+        settings.limits, clock, on_store_error=lambda: metrics.record_limit_store_error("requests")
+    )
+    quota = make_quotas(
+        settings.tenants,
+        settings.limits,
+        on_store_error=lambda: metrics.record_limit_store_error("tokens"),
+    )
     gateway = Gateway(
         settings=settings,
         pool=pool,
@@ -112,6 +121,7 @@ def create_app(
         tenants=Tenants(settings.tenants),
         keys=keys,
         limiter=limiter,
+        quota=quota,
         access=access,
     )
 
@@ -159,6 +169,8 @@ def create_app(
             await client.aclose()
             if limiter is not None:
                 await limiter.close()
+            if quota is not None:
+                await quota.close()
 
     app = FastAPI(
         title="dflash-gateway",
@@ -190,7 +202,7 @@ def create_app(
                 "anthropic-version",
                 "anthropic-beta",
             ],
-            expose_headers=["x-request-id", "retry-after"],
+            expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
             max_age=600,
         )
     app.add_middleware(AccessMiddleware, gateway=gateway)

@@ -30,6 +30,7 @@ from app.proxy.ingress import Entry, serve_entry
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape
 from app.routing.keys import SESSION_HEADER
+from app.tenants.headers import anthropic_headers
 from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,9 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
 
 
 ENTRIES = {
-    path: Entry(path, _READ, api_key, functools.partial(_parse, path=path), ANTHROPIC)
+    path: Entry(
+        path, _READ, api_key, functools.partial(_parse, path=path), ANTHROPIC, anthropic_headers
+    )
     for path in ROUTES
 }
 

@@ -4,9 +4,11 @@
 ``key_name`` gives the caller's key NAME (None when no keys are configured) or raises a 401 in
 OpenAI shape; ``ClientKey`` is it as a dependency (``/v1/models``; the completion routes call it
 themselves). ``OpsKey`` guards ``/metrics`` and ``/workers`` only when ``auth.protect_ops`` is
-set; probes (``/livez``, ``/readyz``, ``/health``) never need a key. ``admit`` takes the key's
-limiter slot (429 + Retry-After when over a limit) and ``release`` gives it back once the
-response has been sent (``app.proxy.ingress``).
+set; probes (``/livez``, ``/readyz``, ``/health``) never need a key. ``admit`` checks the key's
+token quotas (``app.tenants.quota``) and takes its limiter slot (429 + Retry-After when over a
+quota or a limit), and renders the rate-limit headers of every answer to the request
+(``app.tenants.headers``); ``release`` gives the slot back once the response has been sent
+(``app.proxy.ingress``, which also charges the answer's tokens to the quotas).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.auth import bearer_token
-from app.errors import AuthenticationFailed
+from app.errors import AuthenticationFailed, RateLimited
 from app.gateway import Gateway
 from app.proxy.headers import single
+from app.tenants.config import TenantPolicy
+from app.tenants.headers import Budget, HeaderStyle
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +82,38 @@ ClientKey = Annotated[str | None, Depends(client_key)]
 OpsKey = Depends(ops_key)
 
 
-async def admit(gw: Gateway, key: str | None) -> contextlib.AsyncExitStack | None:
-    """Count the request for its key and take the key's limiter slot (``RateLimited`` if over a
-    limit). The returned stack releases the slot; None when there is nothing to release."""
+async def admit(
+    gw: Gateway,
+    key: str | None,
+    policy: TenantPolicy,
+    style: HeaderStyle,
+    headers: list[tuple[bytes, bytes]],
+) -> contextlib.AsyncExitStack | None:
+    """Count the request for its key, check its token quotas and take its limiter slot
+    (``RateLimited`` when over a quota or a limit; a request refused by its quota still spends
+    one of its key's requests, as OpenAI counts refused requests). The key's rate-limit
+    headers, in ``style``, are added to ``headers`` for the answer, refusals included. The
+    returned stack releases the slot; None when there is nothing to release."""
     if key is None:
         return None
     gw.metrics.record_key_request(key)
+    quota = gw.quota
+    state = await quota.check(key, policy) if quota is not None else None
+    tokens = state.tokens if state is not None else None
+    requests: Budget | None = None
     stack = contextlib.AsyncExitStack()
-    if gw.limiter is not None:
-        await stack.enter_async_context(gw.limiter.hold(key))
+    try:
+        if gw.limiter is not None:
+            requests = await stack.enter_async_context(gw.limiter.hold(key))
+        refusal = state.refusal if state is not None else None
+        if refusal is not None:
+            gw.metrics.record_quota_rejection(key, refusal.quota)
+            raise RateLimited(refusal.message, retry_after=refusal.retry_after)
+    except RateLimited as refused:
+        headers += style(requests if refused.budget is None else refused.budget, tokens)
+        await stack.aclose()
+        raise
+    headers += style(requests, tokens)
     return stack
 
 

@@ -35,6 +35,8 @@ RETRY_REASONS = frozenset(
 SOURCES = ("exact", "estimated")
 # Token quotas a request can be refused by (``tenants.*``).
 QUOTAS = ("tokens_per_min", "tokens_per_day")
+# What a shared limit store (Redis) holds: request rate + concurrency limits, token quotas.
+LIMIT_STORES = ("requests", "tokens")
 
 # Accept lengths are 1..8 (block size 8): quarter steps. TTFT covers minutes of prefill/queueing.
 ACCEPT_LENGTH_BUCKETS = tuple(1 + 0.25 * i for i in range(29))
@@ -243,6 +245,12 @@ class Families:
             "quota_rejections",
             "Requests refused with 429 because their key was over a quota, by quota",
             ("key", "quota"),
+        )
+        self.limit_store_errors = counter(
+            "limit_store_errors",
+            "Calls to the shared limit store (Redis) that failed; the request was let through "
+            "unlimited (fail open), by limit",
+            ("limit",),
         )
         self.usage_log_dropped = counter(
             "usage_log_dropped_lines",

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from app.metrics.families import (
+    LIMIT_STORES,
     MAX_MODELS,
     OTHER,
     QUOTAS,
@@ -121,6 +122,8 @@ class Metrics(Families):
             self.dropped_fields.labels(route)
         for priority in PRIORITIES:
             self.queue_wait.labels(priority)
+        for limit in LIMIT_STORES:
+            self.limit_store_errors.labels(limit)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
         self._model(OTHER)
@@ -313,6 +316,10 @@ class Metrics(Families):
     def record_quota_rejection(self, name: str, quota: str) -> None:
         """``quota``: one of ``QUOTAS``."""
         self._child(self.quota_rejections, name, quota).inc()
+
+    def record_limit_store_error(self, limit: str) -> None:
+        """``limit``: one of ``LIMIT_STORES``."""
+        self.limit_store_errors.labels(limit).inc()
 
     def record_usage_log_dropped(self, lines: int = 1) -> None:
         self.usage_log_dropped.inc(lines)

@@ -3,7 +3,8 @@
 ``Downstream`` sends the response: SSE headers on the first byte, body chunks as they come, a JSON
 error (any status) while nothing was sent, or an SSE error event + ``[DONE]`` once it was.
 ``send_error`` answers a whole request with an error. Errors and keep-alives take the shape of the
-request's API (``app.proxy.surface``: OpenAI's unless told otherwise).
+request's API (``app.proxy.surface``: OpenAI's unless told otherwise). ``headers`` (the key's
+rate-limit headers) go out with the response's head, whatever it is.
 
 Under the gateway's own server (``app.proxy.direct``) it also knows whether the client is behind
 (``behind``: ``send`` would wait for it) and can hang up on it (``close``); the request's
@@ -12,7 +13,7 @@ supervisor uses both and never waits for the client itself.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from app.errors import GatewayError
@@ -27,6 +28,7 @@ Clock = Callable[[], float]
 
 class Downstream:
     __slots__ = (
+        "_headers",
         "_request_id",
         "_send",
         "clock",
@@ -46,8 +48,10 @@ class Downstream:
         clock: Clock,
         direct: DirectBody | None = None,
         shape: ErrorShape = OPENAI,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         self._send = send
+        self._headers = headers
         self.shape = shape
         self.direct_lane = direct  # the server's lane around send (app.proxy.direct), if any
         self._request_id = request_id.encode("latin-1")
@@ -65,6 +69,7 @@ class Downstream:
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
         headers.append((b"x-request-id", self._request_id))
+        headers += self._headers
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def start_stream(self) -> None:
@@ -149,13 +154,18 @@ class Downstream:
             await self._send({"type": "http.response.body", "body": body, "more_body": False})
             return
         self.started = True
-        await send_error(self._send, error, self._request_id, self.shape)
+        await send_error(self._send, error, self._request_id, self.shape, self._headers)
 
 
 async def send_error(
-    send: Send, error: GatewayError, request_id: bytes, shape: ErrorShape = OPENAI
+    send: Send,
+    error: GatewayError,
+    request_id: bytes,
+    shape: ErrorShape = OPENAI,
+    extra: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    """``error`` as a whole JSON response (``shape``'s), with its own headers (Retry-After)."""
+    """``error`` as a whole JSON response (``shape``'s), with its own headers (Retry-After) and
+    ``extra``."""
     body = shape.error_json(error)
     headers = [
         (b"content-type", b"application/json"),
@@ -165,5 +175,6 @@ async def send_error(
     headers += [
         (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers().items()
     ]
+    headers += extra
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.accesslog import AccessLog, AccessRecord
@@ -64,6 +64,8 @@ class Job:
     record: AccessRecord
     started: float
     tenant: Tenant  # the key's policy and this request's priority class
+    # More response headers (the key's rate-limit headers), rendered once at admission.
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     queue_wait_s: float = 0.0  # time spent in the admission queue
     attempt: Attempt | None = None  # the last upstream attempt
 
@@ -136,6 +138,7 @@ class Proxy:
             clock=self._clock,
             direct=direct,
             shape=OPENAI if surface is None else surface.shape,
+            headers=job.response_headers,
         )
         sup = Supervisor(
             receive=receive, downstream=down, timeouts=self._settings.timeouts, clock=self._clock

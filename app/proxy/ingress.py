@@ -1,14 +1,16 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's traffic, in plain ASGI.
 
 ``serve(gw, route, scope, receive, send)`` is the whole request: its X-Request-Id, the headers
-it reads (400 when one is repeated), the API key (401), the body's media type (415 unless
-``application/json`` without a Content-Encoding: a browser's form or ``text/plain`` POST cannot
-reach a worker), the key's limits (429, before the body is read), the body (413 past the cap;
+it reads (400 when one is repeated), the API key (401), the key's token quotas and limits (429,
+before the body is read; from here on every answer carries the key's rate-limit headers), the
+body's media type (415 unless ``application/json`` without a Content-Encoding: a browser's form
+or ``text/plain`` POST cannot reach a worker), the body (413 past the cap;
 499 when the client leaves while sending it; nothing when the server answered the request itself,
 e.g. a 408 for a body too slow: it recorded that), its validation (``app.proxy.request``, 400), the
 model (404; 503 while no worker serves it or the gateway drains), then the proxy, which answers.
 Every error before the proxy runs is answered here in OpenAI shape, logged and counted
-(``app.api.access.reject``). ``serve_entry`` is the same door for another API family (an
+(``app.api.access.reject``). Once the answer ended, its prompt + completion tokens are charged to
+the key's token quotas. ``serve_entry`` is the same door for another API family (an
 ``Entry``: its headers, key, body translation and error shape; ``app.anthropic.serve``).
 
 ``GatewayApp`` (``app.main``) calls ``serve`` ahead of FastAPI's middleware, routing and dependency
@@ -47,6 +49,7 @@ from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
+from app.tenants.headers import HeaderStyle, openai_headers
 from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
@@ -69,13 +72,15 @@ _READ = frozenset(
 @dataclass(frozen=True, slots=True)
 class Entry:
     """What differs between the API families at the door: the route label, the headers read,
-    where the API key is, how the body becomes a ``ParsedRequest``, and the error shape."""
+    where the API key is, how the body becomes a ``ParsedRequest``, the error shape and the
+    rate-limit headers' names."""
 
     route: str
     read: frozenset[bytes]
     credential: Callable[[dict[bytes, bytes]], str | None]
     parse: Callable[[Gateway, bytes], ParsedRequest]
     shape: ErrorShape = OPENAI
+    limit_headers: HeaderStyle = openai_headers
 
 
 def bearer(read: dict[bytes, bytes]) -> str | None:
@@ -106,12 +111,14 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
     request_id = request_id_of(scope)
     key: str | None = None
     slot: contextlib.AsyncExitStack | None = None
+    limit_headers: list[tuple[bytes, bytes]] = []  # on every answer from admission on
     try:
         read, forwarded = client_headers(scope["headers"], entry.read)
         key = key_name(entry.credential(read), gw)
         tenant = gw.tenants.resolve(key, read.get(_PRIORITY))
+        # Per-key quotas and limits: 429 before the body is even read.
+        slot = await admit(gw, key, tenant.policy, entry.limit_headers, limit_headers)
         check_media_type(read.get(b"content-type"), read.get(b"content-encoding"))
-        slot = await admit(gw, key)  # per-key limits: 429 before the body is even read
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
         )
@@ -127,7 +134,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")
         reject(gw, entry.route, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
-        await send_error(send, exc, request_id.encode("ascii"), entry.shape)
+        await send_error(send, exc, request_id.encode("ascii"), entry.shape, limit_headers)
         return
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
     session = read.get(_SESSION)
@@ -145,7 +152,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
         key=key,
         priority=tenant.priority_name,
     )
-    job = Job(parsed, forwarded, request_id, ctx, record, started, tenant)
+    job = Job(parsed, forwarded, request_id, ctx, record, started, tenant, limit_headers)
     try:
         # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per chunk.
         await gw.proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
@@ -159,6 +166,9 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
                 completion=record.completion_tokens or 0,
                 reasoning=record.reasoning_tokens or 0,
             )
+            if gw.quota is not None:
+                spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+                await gw.quota.charge(key, tenant.policy, spent)
 
 
 def check_media_type(content_type: bytes | None, encoding: bytes | None) -> None:

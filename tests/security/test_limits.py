@@ -1,10 +1,20 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from app.config import LimitsConfig
 from app.errors import RateLimited
-from app.limits import KeyLimits, LocalLimiter, RedisLimiter, TokenBucket, make_limiter
+from app.limits import (
+    KeyLimits,
+    LocalLimiter,
+    RedisLimiter,
+    StoreErrors,
+    TokenBucket,
+    make_limiter,
+)
+from app.tenants.headers import Budget
 from tests.support.procs import free_port
 
 
@@ -99,3 +109,54 @@ async def test_make_limiter_picks_the_backend() -> None:
     shared = make_limiter(LimitsConfig(key_max_concurrent=2, redis_url="redis://127.0.0.1:1/0"))
     assert isinstance(shared, RedisLimiter)
     await shared.close()
+
+
+async def test_hold_tells_the_request_rate_per_minute_and_what_is_left() -> None:
+    clock = FakeClock()
+    limiter = LocalLimiter(KeyLimits(rate_per_s=1.0, burst=3), clock=clock)
+    async with limiter.hold("team-a") as budget:
+        assert budget == Budget(limit=60, remaining=2, reset_s=1.0)
+    async with limiter.hold("team-a"), limiter.hold("team-a") as budget:
+        assert (budget.remaining, budget.reset_s) == (0, 3.0)
+    with pytest.raises(RateLimited) as info:
+        async with limiter.hold("team-a"):
+            pass
+    assert info.value.budget == Budget(limit=60, remaining=0, reset_s=3.0)
+    async with LocalLimiter(KeyLimits(max_concurrent=1)).hold("team-a") as budget:
+        assert budget is None  # no request rate limit: nothing to tell
+
+
+async def test_redis_hold_tells_the_shared_budget(redis_url: str) -> None:
+    limits = KeyLimits(rate_per_s=0.01, burst=2, max_concurrent=1)
+    first, second = RedisLimiter(redis_url, limits), RedisLimiter(redis_url, limits)
+    try:
+        async with first.hold("team-a") as budget:
+            assert budget is not None
+            assert (budget.limit, budget.remaining) == (1, 1)  # 0.6/min told as 1/min
+            with pytest.raises(RateLimited, match="concurrent") as info:
+                async with second.hold("team-a"):
+                    pass
+            assert info.value.budget is not None and info.value.budget.remaining == 1
+        async with second.hold("team-a") as budget:
+            assert budget is not None and budget.remaining == 0
+            assert 190 < budget.reset_s <= 200  # two tokens at 0.01/s
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_store_errors_are_counted_each_and_logged_once_a_while(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    counted: list[int] = []
+    errors = StoreErrors("rate-limit", lambda: counted.append(1), every_s=10, clock=clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            errors("bucket", ConnectionError("refused"))
+        clock.now += 10
+        errors("bucket", ConnectionError("refused"))
+    assert len(counted) == 6
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "5 failure(s)" in lines[1]
