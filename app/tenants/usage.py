@@ -14,6 +14,7 @@ rotate billable lines away). Refused requests carry zero tokens. Fields, in this
 no I/O. One background thread turns the queued records into lines and writes them in batches,
 every ``FLUSH_INTERVAL_S`` (sooner once half the queue is taken), so a busy gateway does not wake
 it per request.
+
 When ``usage_log_queue`` lines are already waiting (a slow or stuck disk), or the write fails (a
 full disk, a missing directory), the lines are dropped and counted
 (``dflash_gateway_usage_log_dropped_lines_total``); a failed write is cut back to the last whole
@@ -193,7 +194,8 @@ class UsageLog:
             self._close_fd()
 
     def _stamp(self, at: float) -> str:
-        """``rfc3339(at)``, formatting the date and time once per second."""
+        """``at`` (wall-clock seconds) as RFC 3339 UTC with milliseconds, e.g.
+        ``2026-12-03T12:20:01.250Z``; the date and time are formatted once per second."""
         second = int(at)
         if second != self._second:
             self._second = second
