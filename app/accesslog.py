@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -97,10 +98,16 @@ def configure_logging(level: str, *, json: bool) -> dict[str, Any]:
 
 
 class AccessLog:
-    def __init__(self) -> None:
+    """The access log; ``sink`` also gets every record (the usage log, ``app.tenants.usage``).
+    A record is not changed once emitted."""
+
+    def __init__(self, sink: Callable[[AccessRecord], None] | None = None) -> None:
         self._log = logging.getLogger(ACCESS_LOGGER)
+        self.sink = sink
 
     def emit(self, record: AccessRecord) -> None:
         if self._log.isEnabledFor(logging.INFO):
             fields = {k: v for k, v in asdict(record).items() if v is not None}
             self._log.info("request", extra={"fields": fields})
+        if self.sink is not None:
+            self.sink(record)

@@ -19,7 +19,7 @@ from app import __version__
 from app.accesslog import AccessLog
 from app.anthropic import serve as anthropic_serve
 from app.api import anthropic, openai, ops
-from app.api.access import AccessMiddleware
+from app.api.access import COMPLETION_ROUTES, AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
 from app.auth import KeyStore
@@ -35,6 +35,7 @@ from app.routing.policies import make_policy
 from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
 from app.tenants.tenant import Tenants
+from app.tenants.usage import UsageLog
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
@@ -90,6 +91,10 @@ def create_app(
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
     client = UpstreamClient(settings)
     metrics = Metrics()
+    keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
+    usage = UsageLog.from_config(settings.tenants, metrics.record_usage_log_dropped)
+    if usage is not None:  # the billable requests' records, also as usage lines
+        access.sink = usage.sink(COMPLETION_ROUTES, lambda: keys.open)
     proxy = Proxy(
         settings=settings,
         pool=pool,
@@ -104,7 +109,6 @@ def create_app(
     )
     health = HealthChecker(pool, client, settings.health)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
-    keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
     limiter = make_limiter(
         settings.limits, clock, on_store_error=lambda: metrics.record_limit_store_error("requests")
     )
@@ -171,6 +175,8 @@ def create_app(
                 await limiter.close()
             if quota is not None:
                 await quota.close()
+            if usage is not None:  # the lines still queued, with a bounded wait
+                await asyncio.to_thread(usage.close)
 
     app = FastAPI(
         title="dflash-gateway",

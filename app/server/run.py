@@ -33,6 +33,7 @@ from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
 from app.server.sockets import listen, listen_shared
 from app.server.uvicorn_adapter import Server
+from app.tenants.usage import process_path
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
                 banner = _banner(settings, socks[0].getsockname()[1], workers)
 
                 def process(index: int) -> None:
-                    server = _server(settings, log_config, msocks[index] if msocks else None)
+                    own = per_process(settings, index)
+                    server = _server(own, log_config, msocks[index] if msocks else None)
                     _run(server, socks[index], banner if index == 0 else None)
 
                 group = ProcessGroup(
@@ -117,6 +119,15 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
         print(f"dflash-gateway: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def per_process(settings: Settings, index: int) -> Settings:
+    """Gateway process ``index``'s settings under ``--processes N``: its own usage log file."""
+    path = settings.tenants.usage_log
+    if path is None:
+        return settings
+    tenants = settings.tenants.model_copy(update={"usage_log": process_path(path, index)})
+    return settings.model_copy(update={"tenants": tenants})
 
 
 def guarded(gateway: Gateway, settings: Settings) -> type[GuardedConnection]:

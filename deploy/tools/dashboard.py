@@ -23,6 +23,7 @@ COPY = ROOT / "deploy" / "grafana" / "dflash-gateway.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 M = 'model=~"$model"'
 W = 'worker=~"$worker"'
+K = 'key=~"$key"'
 P = "dflash_gateway_"
 R = "[$__rate_interval]"
 # The seed model card's acceptance lengths (thinking on, block 8): the baseline lines.
@@ -413,6 +414,67 @@ def panels() -> list[dict[str, Any]]:
         w=8,
     )
 
+    g.row("Tenants")
+    for kind, note in (
+        ("completion", "Completion tokens (reasoning included) from each answer's usage."),
+        ("prompt", "Prompt tokens from each answer's usage."),
+        ("reasoning", "Reasoning (thinking) tokens, a part of the completion tokens."),
+    ):
+        g.add(
+            timeseries(
+                f"{kind.capitalize()} tokens/s per key",
+                "short",
+                [
+                    target(
+                        f"sum by (key) (rate({P}key_{kind}_tokens_total{{{K}}}{R}))",
+                        "{{key}}",
+                    )
+                ],
+                f"{note} Configured key names only.",
+            ),
+            w=8,
+        )
+    g.add(
+        timeseries(
+            "Queue wait by priority class",
+            "s",
+            quantiles("queue_wait_seconds", "priority", match=""),
+            "Time requests waited for a worker slot in the admission queue, per priority class "
+            "(low, normal, high).",
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Quota rejections/s",
+            "reqps",
+            [
+                target(
+                    f"sum by (key, quota) (rate({P}quota_rejections_total{{{K}}}{R}))",
+                    "{{key}} {{quota}}",
+                )
+            ],
+            "Requests refused with 429 because their key was over tokens_per_min or "
+            "tokens_per_day.",
+        ),
+        w=8,
+    )
+    g.add(
+        timeseries(
+            "Usage log lines dropped/s",
+            "short",
+            [
+                target(
+                    f"sum by (instance) (rate({P}usage_log_dropped_lines_total{R}))",
+                    "{{instance}}",
+                )
+            ],
+            "Billing lines lost: the usage log writer fell behind (usage_log_queue) or the disk "
+            "failed. Should stay at 0.",
+        ),
+        w=8,
+    )
+
     g.row("Workers (SGLang's own metrics)")
     for title, metric, unit in (
         ("SGLang acceptance length", "sglang:spec_accept_length", "none"),
@@ -468,6 +530,7 @@ def dashboard() -> dict[str, Any]:
                 },
                 variable("model", "Model", f"label_values({P}requests_total, model)"),
                 variable("worker", "Worker", f"label_values({P}in_flight_requests, worker)"),
+                variable("key", "API key", f"label_values({P}key_requests_total, key)"),
             ]
         },
         "panels": panels(),

@@ -46,7 +46,7 @@ KEY = "team-a"
 SECRET = "metrics-test-secret"
 COMPLETIONS = 20
 EMULATE = [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "50"]
-VARIABLES = {"$model": ".*", "$worker": ".*", "$__rate_interval": "1m"}
+VARIABLES = {"$model": ".*", "$worker": ".*", "$key": ".*", "$__rate_interval": "1m"}
 METRIC_NAME = re.compile(r"\b(dflash_gateway_[a-z_]+|sglang:[a-z_]+)\b")
 
 
@@ -351,6 +351,38 @@ def test_every_dashboard_query_returns_data(live: Live) -> None:
             timeout=10,
         ).json()["data"]
         assert values, query
+
+
+def _row(board: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels under the row named ``title``."""
+    out: list[dict[str, Any]] = []
+    inside = False
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            inside = panel["title"] == title
+        elif inside:
+            out.append(panel)
+    return out
+
+
+def test_tenant_panels_show_the_configured_key_and_every_priority_class(live: Live) -> None:
+    panels = {p["title"]: p for p in _row(json.loads(DASHBOARD.read_text()), "Tenants")}
+    assert len(panels) == 6
+    for title in ("Completion", "Prompt", "Reasoning"):
+        [t] = panels[f"{title} tokens/s per key"]["targets"]
+        keys = {r["metric"].get("key") for r in live.prom.query(_substitute(t["expr"]))}
+        assert keys == {KEY}, title
+    [t] = panels["Quota rejections/s"]["targets"]
+    series = {
+        (r["metric"]["key"], r["metric"]["quota"]) for r in live.prom.query(_substitute(t["expr"]))
+    }
+    assert series == {(KEY, "tokens_per_min"), (KEY, "tokens_per_day")}
+    for t in panels["Queue wait by priority class"]["targets"]:
+        classes = {r["metric"]["priority"] for r in live.prom.query(_substitute(t["expr"]))}
+        assert classes == {"low", "normal", "high"}
+    [t] = panels["Usage log lines dropped/s"]["targets"]
+    [dropped] = live.prom.query(_substitute(t["expr"]))
+    assert float(dropped["value"][1]) == 0
 
 
 def test_a_dashboard_naming_a_missing_metric_fails(live: Live) -> None:
