@@ -95,6 +95,8 @@ class Proxy:
         self._clock = clock
         self._rng = rng
         self._background: set[asyncio.Task[Any]] = set()
+        # SGLang's ``priority`` field on every upstream body (the workers schedule by it).
+        self._send_priority = settings.workers.priority_scheduling
         self.admission = Admission(
             settings.admission,
             processes=settings.processes,
@@ -271,7 +273,8 @@ class Proxy:
         for number in range(1, retry.max_attempts + 1):
             try:
                 candidates, waited = await self.admission.admit(
-                    lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried]
+                    lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried],
+                    job.tenant,
                 )
             except ServiceUnavailable as exc:  # every worker full: queue full or timed out
                 error = exc
@@ -319,7 +322,9 @@ class Proxy:
                     await self._client.open(
                         worker,
                         request.route.value,
-                        request.upstream_parts(rid),
+                        request.upstream_parts(
+                            rid, job.tenant.priority if self._send_priority else None
+                        ),
                         job.headers,
                         sent=attempt.sent,
                     )
