@@ -211,6 +211,8 @@ class Proxy:
     def _note(job: Job) -> None:
         """What the last attempt relayed, into the access record."""
         attempt, record = job.attempt, job.record
+        if job.queue_wait_s:
+            record.queue_ms = round(job.queue_wait_s * 1000, 3)
         if attempt is None:
             return
         tally = attempt.tally
