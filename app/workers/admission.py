@@ -7,8 +7,9 @@ loads poll; 48 until then), or ``admission.per_worker_cap`` for every worker whe
 The gateway admits a request to a worker only while
 
 - this process has fewer than ``cap / processes`` requests in flight there, and
-- the worker's own polled ``running + waiting`` (all gateway replicas and processes together)
-  is below ``cap``.
+- the worker's own polled ``running + waiting`` (all gateway replicas and processes together),
+  corrected by this process's requests started and ended since that poll (``Worker.busy``), is
+  below ``cap``: a slot this process freed is free again at once, not at the next poll.
 
 When no candidate has room the request waits in a queue of at most ``queue_size`` entries for up
 to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
@@ -66,8 +67,7 @@ class Admission:
     def has_room(self, worker: Worker) -> bool:
         cap = self.cap(worker)
         local = -(-cap // self._processes)  # ceil
-        polled = worker.load.running + worker.load.waiting
-        return worker.in_flight < local and polled < cap
+        return worker.in_flight < local and worker.busy < cap
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
