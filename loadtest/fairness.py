@@ -19,8 +19,9 @@ access log) and TTFT p50/p99 (the client's: first content chunk). The goals chec
 - A still gets every slot B leaves: the worker's slots busy on average during the window
   (sampled from the gateway's ``/workers``) at least 95 % of them.
 
-Streams ask for ``--max-tokens`` (64) tokens without reasoning, profile gsm8k; the emulator runs
-at ``--speed`` (1.0: a real node's pace). Prints the table and writes ``fairness.json`` to
+Streams ask for 0.5-1.5 x ``--max-tokens`` (64) tokens without reasoning, profile gsm8k (lengths
+spread so that slots free one at a time, not in lockstep); the emulator runs at ``--speed`` (1.0:
+a real node's pace). Prints the table and writes ``fairness.json`` to
 ``--out`` (loadtest/results/).
 
     make bench-fairness
@@ -34,6 +35,7 @@ import asyncio
 import itertools
 import json
 import math
+import random
 import tempfile
 import time
 from collections.abc import Callable
@@ -82,15 +84,21 @@ class Client:
     def __init__(self, client: httpx.AsyncClient, max_tokens: int) -> None:
         self._client = client
         self._ids = itertools.count()
-        self._body = orjson.dumps(
-            {
-                "model": "kimi-k2.5",
-                "messages": [{"role": "user", "content": "Solve: 17 * 23 = ?"}],
-                "max_tokens": max_tokens,
-                "stream": True,
-                "chat_template_kwargs": {"thinking": False},
-            }
-        )
+        self._rng = random.Random(0)
+        # Lengths spread over 0.5-1.5 x max_tokens: streams that all lasted as long would end
+        # in lockstep, freeing the slots in bursts instead of one at a time.
+        self._bodies = [
+            orjson.dumps(
+                {
+                    "model": "kimi-k2.5",
+                    "messages": [{"role": "user", "content": f"Solve: 17 * {23 + i} = ?"}],
+                    "max_tokens": max(1, round(max_tokens * (0.5 + i / 10))),
+                    "stream": True,
+                    "chat_template_kwargs": {"thinking": False},
+                }
+            )
+            for i in range(11)
+        ]
         self.samples: list[Sample] = []
 
     async def stream(self, tenant: str, phase: str) -> Sample:
@@ -103,7 +111,10 @@ class Client:
         }
         try:
             async with self._client.stream(
-                "POST", "/v1/chat/completions", content=self._body, headers=headers
+                "POST",
+                "/v1/chat/completions",
+                content=self._rng.choice(self._bodies),
+                headers=headers,
             ) as response:
                 if response.status_code != 200:
                     sample.error = f"HTTP {response.status_code}"
