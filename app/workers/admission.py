@@ -57,7 +57,7 @@ class Admission:
     @property
     def depth(self) -> int:
         """Requests waiting for a slot now."""
-        return len(self._queue)
+        return self._queue.size
 
     def cap(self, worker: Worker) -> int:
         """The most requests ``worker`` may hold (all gateway processes together): the
@@ -67,7 +67,10 @@ class Admission:
     def has_room(self, worker: Worker) -> bool:
         cap = self.cap(worker)
         local = -(-cap // self._processes)  # ceil
-        return worker.in_flight < local and worker.busy < cap
+        # ``Worker.busy`` inlined (the max() with in_flight is implied by the first test).
+        in_flight, load = worker.in_flight, worker.load
+        polled = load.running + load.waiting
+        return in_flight < local and polled + in_flight - worker.in_flight_at_load < cap
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
@@ -84,7 +87,7 @@ class Admission:
         process's admission queue, over the routable workers' caps summed (1.0 = every slot
         taken; above it, requests queue). With no routable worker: 1.0 if anything waits, else 0.
         """
-        demand, capacity = len(self._queue), 0
+        demand, capacity = self._queue.size, 0
         for worker in workers:
             if worker.routable:
                 capacity += self.cap(worker)
@@ -107,9 +110,9 @@ class Admission:
         current = candidates()
         ready = self.with_room(current)
         queue = self._queue
-        if not current or (ready and not queue and not self._granted):
+        if not current or (ready and not queue.size and not self._granted):
             return ready, 0.0
-        if len(queue) >= self._config.queue_size:
+        if queue.size >= self._config.queue_size:
             raise self._refuse("every worker is at capacity and the admission queue is full")
         if tenant is None:
             waiter = Waiter(None, 1.0, _DEFAULT_CLASS)
@@ -166,6 +169,8 @@ class Admission:
 
     def release(self, hops: int = 0) -> None:
         """A slot was freed (or capacity appeared): grant it to the waiter served next."""
+        if not self._queue.size:
+            return
         waiter = self._queue.pop()
         if waiter is None:
             return
@@ -179,7 +184,7 @@ class Admission:
     def _pass_on(self, hops: int) -> None:
         """Hand a wake-up its waiter could not use to the next one, through each waiter at most
         once."""
-        if hops < len(self._queue):
+        if hops < self._queue.size:
             self.release(hops + 1)
 
     def _refuse(self, message: str) -> ServiceUnavailable:

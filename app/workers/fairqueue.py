@@ -63,10 +63,7 @@ class FairQueue:
 
     def __init__(self, levels: int) -> None:
         self._classes = [_Class() for _ in range(levels)]
-        self._size = 0
-
-    def __len__(self) -> int:
-        return self._size
+        self.size = 0  # waiters queued (read it, never set it)
 
     def push(self, waiter: Waiter, *, front: bool = False) -> None:
         """Queue ``waiter`` at the back of its key's lane (``front``: at the front, for a waiter
@@ -82,7 +79,7 @@ class FairQueue:
             lane.waiters.append(waiter)
         lane.live += 1
         waiter.lane = lane
-        self._size += 1
+        self.size += 1
 
     def remove(self, waiter: Waiter) -> None:
         """Take a queued ``waiter`` out (it left, or timed out); its lane skips it later."""
@@ -91,7 +88,7 @@ class FairQueue:
             return
         waiter.lane = None
         lane.live -= 1
-        self._size -= 1
+        self.size -= 1
         if lane.live == 0:
             lanes = self._classes[waiter.level].lanes
             if lanes.get(waiter.key) is lane:
@@ -108,7 +105,7 @@ class FairQueue:
             while waiter.lane is not lane:  # removed earlier
                 waiter = lane.waiters.popleft()
             waiter.lane = None
-            self._size -= 1
+            self.size -= 1
             cls.vtime = lane.start
             lane.start += lane.step
             cls.finish[waiter.key] = lane.start

@@ -208,7 +208,7 @@ def test_fair_queue_lanes_skip_removed_waiters() -> None:
         queue.push(waiter)
     queue.remove(waiters[0])
     queue.remove(waiters[1])
-    assert len(queue) == 1
+    assert queue.size == 1
     assert queue.pop() is waiters[2]
     assert queue.pop() is None
-    assert len(queue) == 0
+    assert queue.size == 0
