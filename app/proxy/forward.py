@@ -273,14 +273,19 @@ class Proxy:
         tried: set[str] = set()
         error: GatewayError | None = None
         for number in range(1, retry.max_attempts + 1):
+            asked = self._clock()
             try:
                 candidates, waited = await self.admission.admit(
                     lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried],
                     job.tenant,
                 )
             except ServiceUnavailable as exc:  # every worker full: queue full or timed out
+                job.queue_wait_s += self._clock() - asked
                 error = exc
                 break
+            except BaseException:  # ended while queued: the client left, the total deadline
+                job.queue_wait_s += self._clock() - asked
+                raise
             job.queue_wait_s += waited
             if not candidates:
                 break

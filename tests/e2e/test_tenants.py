@@ -207,6 +207,7 @@ def test_a_queued_client_that_leaves_is_out_of_the_queue_at_once(fresh: Stack) -
         poll(lambda: fresh.queued() == 1)
         line = poll(lambda: fresh.access("leave-leaver"))
         assert (line["status"], line["outcome"]) == (499, "client_disconnect")
+        assert line["queue_ms"] > 0  # how long it waited before it left
         assert fresh.running() == 1 and fresh.queued() == 1
     finally:
         fresh.gate({"release": True})
