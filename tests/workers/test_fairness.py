@@ -212,3 +212,31 @@ def test_fair_queue_lanes_skip_removed_waiters() -> None:
     assert queue.pop() is waiters[2]
     assert queue.pop() is None
     assert queue.size == 0
+
+
+async def test_a_slot_nobody_can_use_passes_each_waiter_once_then_stops() -> None:
+    stack = Stack()
+    elsewhere = Worker(url="http://10.0.0.2:30000", state=WorkerState.HEALTHY)
+    elsewhere.in_flight = 1  # full: the only worker these waiters may still use
+    waiting = [
+        asyncio.create_task(stack.admission.admit(lambda: [elsewhere], tenant(key)))
+        for key in ("a", "b", "search")
+    ]
+    await asyncio.sleep(0)
+    await stack.free_slots(1)  # a slot on stack.worker, which none of them may use
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert stack.admission.depth == 3  # each passed it on once; all still wait
+    assert not any(task.done() for task in waiting)
+    elsewhere.in_flight = 0
+    stack.admission.release()
+    done, _ = await asyncio.wait(waiting, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    assert [task.result()[0] for task in done] == [[elsewhere]]
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert stack.admission.depth == 0
+    # Nothing is left granted or queued: a request with room goes straight through.
+    stack.worker.in_flight = 0
+    ready, waited = await stack.admission.admit(lambda: [stack.worker], tenant("a"))
+    assert (ready, waited) == ([stack.worker], 0.0)
