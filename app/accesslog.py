@@ -33,6 +33,7 @@ class AccessRecord:
     outcome: Outcome = Outcome.OK
     attempts: int = 0
     ttft_ms: float | None = None
+    queue_ms: float | None = None  # time spent in the admission queue (None: never queued)
     duration_ms: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

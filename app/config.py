@@ -177,7 +177,8 @@ class WorkersConfig(_Section):
 
     # The workers run with SGLang's --enable-priority-scheduling: each request carries its
     # priority class (``tenants``) in SGLang's ``priority`` field. Off, the field is not sent
-    # (SGLang refuses it when its scheduling is off). The chart sets both together.
+    # (SGLang ignores it then, or refuses it with --abort-on-priority-when-disabled). The chart
+    # sets both together (workers.priorityScheduling).
     priority_scheduling: bool = False
 
 

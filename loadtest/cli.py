@@ -1,4 +1,4 @@
-"""``dflash-gateway bench seed|overhead|routing`` (also ``python -m loadtest ...``)."""
+"""``dflash-gateway bench seed|overhead|routing|fairness`` (also ``python -m loadtest ...``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    from loadtest import overhead, routing, seed
+    from loadtest import fairness, overhead, routing, seed
 
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     seed.add_arguments(
@@ -34,13 +34,21 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
+    fairness.add_arguments(
+        benches.add_parser(
+            "fairness",
+            help="one tenant floods, another sends a few at a time: queue wait and TTFT of each",
+            description=fairness.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
 
 
 def add_parser(subparsers: Any) -> None:
     add_subcommands(
         subparsers.add_parser(
             "bench",
-            help="benchmarks: the seed table, gateway overhead, routing policies",
+            help="benchmarks: the seed table, gateway overhead, routing policies, fairness",
             description="Benchmarks against a running gateway (see loadtest/).",
         )
     )
@@ -55,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
         from loadtest import routing
 
         return routing.main(args)
+    if args.bench == "fairness":
+        from loadtest import fairness
+
+        return fairness.main(args)
     from loadtest import overhead
 
     return overhead.main(args)

@@ -71,6 +71,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help="waiting cap; beyond it 'The request queue is full.' (default unbounded)",
     )
+    p.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="serve waiting requests by their 'priority' field, larger first (SGLang's flag); "
+        "without it the field is ignored",
+    )
+    p.add_argument(
+        "--abort-on-priority-when-disabled",
+        action="store_true",
+        help="without priority scheduling, abort (503) a request that carries 'priority'",
+    )
     p.add_argument("--warmup-s", type=float, default=0.0, help="/health answers 503 this long")
     p.add_argument("--stats-file", type=Path, default=None, help="append request records (JSONL)")
     p.add_argument("--replay", action="store_true", help="stream pre-rendered chunks (benchmarks)")
@@ -148,6 +159,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         replay_tokens=args.replay_tokens,
         replay_chunk_interval_s=args.replay_chunk_interval_s,
         enable_cache_report=args.enable_cache_report,
+        enable_priority_scheduling=args.enable_priority_scheduling,
+        abort_on_priority_when_disabled=args.abort_on_priority_when_disabled,
         api_key=args.api_key,
         seed=args.seed,
         step_base_s=args.step_base_s,

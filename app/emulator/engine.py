@@ -8,11 +8,24 @@ reproduces the seed's tok/s at C=32), prefill takes
 ``prefill_base_s + prefill_per_token_s * uncached``.
 Beyond ``max_running`` requests wait in FIFO order; beyond ``max_queued`` waiting ones a new
 request is refused with SGLang's "The request queue is full.".
+
+Priority (SGLang 0.5.23, ``managers/scheduler.py`` ``_set_or_validate_priority`` and
+``_abort_on_queued_limit``, ``managers/schedule_policy.py`` ``_sort_by_priority_and_fcfs``): with
+``--enable-priority-scheduling`` waiting requests are served by their ``priority`` field, larger
+first, then in arrival order; a request without one counts as the lowest. A full waiting queue
+then makes room for a request of strictly higher priority by aborting its least preferred waiter
+(lowest priority, newest) with "The request is aborted by a higher priority request.". Without
+the flag ``priority`` is accepted and ignored (FIFO), unless ``--abort-on-priority-when-disabled``:
+then a request carrying it is aborted with a 503. Running requests are never preempted: SGLang
+only preempts for a priority difference above ``--priority-scheduling-preemption-threshold``
+(10), and the gateway's classes differ by at most 2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -52,7 +65,18 @@ class Timing:
 
 
 class QueueFull(Exception):
-    message = "The request queue is full."
+    """The scheduler refused (or evicted) the request: answered with SGLang's 503 abort."""
+
+    def __init__(self, message: str = "The request queue is full.") -> None:
+        super().__init__(message)
+        self.message = message
+
+
+PRIORITY_DISABLED = (
+    "Using priority is disabled for this server. Please send a new request without a priority."
+)
+EVICTED = "The request is aborted by a higher priority request."
+LOWEST_PRIORITY = -sys.maxsize - 1  # a request without ``priority`` under priority scheduling
 
 
 @dataclass(eq=False)
@@ -64,7 +88,9 @@ class ActiveRequest:
     stream: bool
     started: float
     started_mono: float
+    priority: int | None = None  # SGLang's ``priority`` field
     aborted: str | None = None  # "abort" (abort_request) or "disconnect"
+    seq: int = 0  # arrival order in the waiting queue
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _slot: asyncio.Future[None] | None = None
 
@@ -84,9 +110,19 @@ class ActiveRequest:
 class Scheduler:
     """Running/waiting bookkeeping and the registry ``/abort_request`` searches by rid prefix."""
 
-    def __init__(self, max_running: int, max_queued: int | None) -> None:
+    def __init__(
+        self,
+        max_running: int,
+        max_queued: int | None,
+        *,
+        priority_scheduling: bool = False,
+        abort_on_priority: bool = False,
+    ) -> None:
         self.max_running = max_running
         self.max_queued = max_queued
+        self.priority_scheduling = priority_scheduling
+        self.abort_on_priority = abort_on_priority
+        self._arrivals = itertools.count()
         self.running = 0
         self._waiting: deque[ActiveRequest] = deque()
         self.active: dict[int, ActiveRequest] = {}
@@ -102,12 +138,19 @@ class Scheduler:
         self.active.pop(id(req), None)
 
     async def acquire(self, req: ActiveRequest) -> bool:
-        """Take a running slot; False if the request was aborted while waiting."""
+        """Take a running slot; False if the request was aborted while waiting. ``QueueFull``
+        when refused (or, waiting, evicted by a request of higher priority)."""
+        if not self.priority_scheduling:
+            if req.priority is not None and self.abort_on_priority:
+                raise QueueFull(PRIORITY_DISABLED)
+        elif req.priority is None:
+            req.priority = LOWEST_PRIORITY
         if self.running < self.max_running and not self._waiting:
             self.running += 1
             return True
         if self.max_queued is not None and len(self._waiting) >= self.max_queued:
-            raise QueueFull
+            self._make_room(req)
+        req.seq = next(self._arrivals)
         req._slot = asyncio.get_running_loop().create_future()
         self._waiting.append(req)
         try:
@@ -122,9 +165,28 @@ class Scheduler:
             if req in self._waiting:
                 self._waiting.remove(req)
 
+    def _make_room(self, req: ActiveRequest) -> None:
+        """The waiting queue is full: refuse ``req``, or (priority scheduling) evict the least
+        preferred waiter if ``req`` ranks strictly above it."""
+        if not self.priority_scheduling or not self._waiting:
+            raise QueueFull
+        victim = min(self._waiting, key=lambda w: (w.priority or 0, -w.seq))
+        if (req.priority or 0) <= (victim.priority or 0):
+            raise QueueFull
+        self._waiting.remove(victim)
+        if victim._slot is not None and not victim._slot.done():
+            victim._slot.set_exception(QueueFull(EVICTED))
+
+    def _next(self) -> ActiveRequest:
+        if not self.priority_scheduling:
+            return self._waiting.popleft()
+        best = max(self._waiting, key=lambda w: (w.priority or 0, -w.seq))
+        self._waiting.remove(best)
+        return best
+
     def release(self) -> None:
         while self._waiting:
-            nxt = self._waiting.popleft()
+            nxt = self._next()
             if nxt._slot is not None and not nxt._slot.done():
                 nxt._slot.set_result(None)  # the slot passes on; running stays the same
                 return

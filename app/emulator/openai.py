@@ -108,8 +108,8 @@ async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | Non
         return None  # nobody is listening any more
     try:
         await _start(sessions)
-    except QueueFull:
-        await render.send_queue_full(send, first.req.stream)
+    except QueueFull as refused:
+        await render.send_queue_full(send, first.req.stream, refused.message)
         return None
     if first.req.stream:
         return await StreamWriter(worker, sessions, send).run()

@@ -35,10 +35,13 @@ def error_event(message: str, err_type: str, code: int) -> bytes:
     return ("data: " + json.dumps({"error": error_body(message, err_type, code)}) + "\n\n").encode()
 
 
-async def send_queue_full(send: Send, stream: bool) -> None:
-    """SGLang's answer when the waiting queue is full: non-streaming, HTTP 503 with an
-    ``ErrorResponse``; streaming, HTTP 200 with one in-band 503 error event and ``[DONE]``."""
-    message = "The request queue is full."
+async def send_queue_full(
+    send: Send, stream: bool, message: str = "The request queue is full."
+) -> None:
+    """SGLang's answer when its scheduler aborts a request it will not queue (the waiting queue
+    is full, evicted by a higher priority, a priority it does not take): non-streaming, HTTP 503
+    with an ``ErrorResponse``; streaming, HTTP 200 with one in-band 503 error event and
+    ``[DONE]``."""
     if not stream:
         await respond_json(send, 503, error_body(message, "503", 503))
         return

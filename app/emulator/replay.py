@@ -136,7 +136,9 @@ async def handle_replay(
     rid = body.get("rid")
     rid = rid if isinstance(rid, str) and rid else f"{worker.rng.getrandbits(128):032x}"
     clock = worker.clock
-    active = ActiveRequest(rid, "replay", stream, clock.time(), clock.monotonic())
+    priority = body.get("priority")
+    priority = priority if isinstance(priority, int) and not isinstance(priority, bool) else None
+    active = ActiveRequest(rid, "replay", stream, clock.time(), clock.monotonic(), priority)
     scheduler = worker.scheduler
     scheduler.register(active)
     worker.stats.count("requests")
@@ -146,10 +148,10 @@ async def handle_replay(
     try:
         try:
             holding = await scheduler.acquire(active)
-        except QueueFull:
+        except QueueFull as refused:
             scheduler.unregister(active)  # no record, as for generated requests
             worker.stats.count("queue_rejected")
-            await render.send_queue_full(send, stream)
+            await render.send_queue_full(send, stream, refused.message)
             return
         rid_b = rid.encode()
         if not stream:

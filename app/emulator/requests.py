@@ -88,6 +88,7 @@ class GenRequest:
     json_schema: dict[str, Any] | None = None  # the answer is JSON valid against it
     regex: str | None = None  # the answer matches it
     ebnf: str | None = None  # the answer is a sentence of this grammar
+    priority: int | None = None  # SGLang's scheduling priority (used with priority scheduling)
 
     @property
     def constrained(self) -> bool:
@@ -134,9 +135,18 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         rids, rid = tuple(rid), None
     elif rid is not None and not isinstance(rid, str):
         raise RequestError("The rid should be a string or a list of strings.")
+    priority = body.get("priority")
+    if priority is not None and (
+        not isinstance(priority, int) or isinstance(priority, bool) or not _int64(priority)
+    ):
+        raise RequestError(
+            "priority must be a signed 64-bit integer "
+            "between -9223372036854775808 and 9223372036854775807"
+        )
     options = body.get("stream_options") or {}
     stream = bool(body.get("stream", False))
     return {
+        "priority": priority,
         "model": str(body.get("model") or UNNAMED_MODEL),
         "rid": rid,
         "stream": stream,
@@ -153,6 +163,10 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "regex": _grammar(body, "regex", regex_text),
         "ebnf": _grammar(body, "ebnf", ebnf_text),
     }
+
+
+def _int64(value: int) -> bool:
+    return -(1 << 63) <= value < (1 << 63)
 
 
 def _grammar(body: dict[str, Any], name: str, check: Callable[[str, random.Random], str]) -> Any:

@@ -58,6 +58,7 @@ class Session:
             stream=req.stream,
             started=clock.time(),
             started_mono=clock.monotonic(),
+            priority=req.priority,
         )
         collapse = worker.faults.accept_collapse
         if collapse is None:
@@ -202,6 +203,7 @@ class Session:
                 "index": self.req.index,
                 "profile": self.profile,
                 "stream": self.req.stream,
+                "priority": self.req.priority,
                 "steps": steps,
                 "tokens_per_step": list(gen.step_tokens),
                 "completion_tokens": gen.completion_tokens,

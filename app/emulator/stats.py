@@ -3,11 +3,12 @@
 One record per generation: a request with several choices (``n``, a batch of prompts) leaves one
 per choice, each with its own rid and its choice ``index``.
 
-A record: ``rid, request_id (the X-Request-Id header, if any), kind, index, profile, stream, steps,
-tokens_per_step, completion_tokens, reasoning_tokens, prompt_tokens, cached_tokens, prefill_s (the
-modelled prefill time, shortened by cached tokens), spec_accept_length, finish_reason, aborted
-(null | "abort" | "disconnect"), error (null | fault name), chunks_sent, started, first_token,
-finished`` (Unix seconds). The last 20,000 are kept in memory; all are appended to the file as they
+A record: ``rid, request_id (the X-Request-Id header, if any), kind, index, profile, stream,
+priority (SGLang's ``priority`` field as received, null when absent), steps, tokens_per_step,
+completion_tokens, reasoning_tokens, prompt_tokens, cached_tokens, prefill_s (the modelled
+prefill time, shortened by cached tokens), spec_accept_length, finish_reason, aborted (null |
+"abort" | "disconnect"), error (null | fault name), chunks_sent, started, first_token, finished``
+(Unix seconds). The last 20,000 are kept in memory; all are appended to the file as they
 finish, so they survive the process being killed.
 """
 

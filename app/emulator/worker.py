@@ -45,6 +45,9 @@ class EmulatorConfig:
     step_time_scale: float = 1.0
     accept_scale: float = 1.0
     enable_cache_report: bool = True
+    # SGLang's --enable-priority-scheduling / --abort-on-priority-when-disabled (engine.py).
+    enable_priority_scheduling: bool = False
+    abort_on_priority_when_disabled: bool = False
     api_key: str | None = None
     seed: int | None = None
     faults: Faults = field(default_factory=Faults)
@@ -88,7 +91,12 @@ class Worker:
         )
         self.models = AcceptanceModels(config.accept_scale)
         self.step_factors = step_time_factors()
-        self.scheduler = Scheduler(config.max_running_requests, config.max_queued_requests)
+        self.scheduler = Scheduler(
+            config.max_running_requests,
+            config.max_queued_requests,
+            priority_scheduling=config.enable_priority_scheduling,
+            abort_on_priority=config.abort_on_priority_when_disabled,
+        )
         self.cache = PrefixCache(MAX_TOTAL_NUM_TOKENS)
         self.faults = Faults(**config.faults.snapshot())
         self.gate = Gate()

@@ -97,6 +97,8 @@ class Proxy:
         self._clock = clock
         self._rng = rng
         self._background: set[asyncio.Task[Any]] = set()
+        # SGLang's ``priority`` field on every upstream body (the workers schedule by it).
+        self._send_priority = settings.workers.priority_scheduling
         self.admission = Admission(
             settings.admission,
             processes=settings.processes,
@@ -212,6 +214,8 @@ class Proxy:
     def _note(job: Job) -> None:
         """What the last attempt relayed, into the access record."""
         attempt, record = job.attempt, job.record
+        if job.queue_wait_s:
+            record.queue_ms = round(job.queue_wait_s * 1000, 3)
         if attempt is None:
             return
         tally = attempt.tally
@@ -272,13 +276,19 @@ class Proxy:
         tried: set[str] = set()
         error: GatewayError | None = None
         for number in range(1, retry.max_attempts + 1):
+            asked = self._clock()
             try:
                 candidates, waited = await self.admission.admit(
-                    lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried]
+                    lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried],
+                    job.tenant,
                 )
             except ServiceUnavailable as exc:  # every worker full: queue full or timed out
+                job.queue_wait_s += self._clock() - asked
                 error = exc
                 break
+            except BaseException:  # ended while queued: the client left, the total deadline
+                job.queue_wait_s += self._clock() - asked
+                raise
             job.queue_wait_s += waited
             if not candidates:
                 break
@@ -322,7 +332,9 @@ class Proxy:
                     await self._client.open(
                         worker,
                         request.route.value,
-                        request.upstream_parts(rid),
+                        request.upstream_parts(
+                            rid, job.tenant.priority if self._send_priority else None
+                        ),
                         job.headers,
                         sent=attempt.sent,
                     )

@@ -10,10 +10,11 @@ own size, not tens of times it. A body with a field off the allow-list is read a
 a denied field is a 400 naming it, any other is dropped.
 
 Upstream the gateway sends the client's ORIGINAL bytes with the fields it must set appended
-before the closing brace (``rid`` always; ``max_tokens``/``stream_options``/``return_meta_info``
-when it has to). When the body held a field the gateway drops or replaces, the upstream body is
-the raw spans of the kept fields joined with the gateway's own: no re-serialisation either way.
-The per-attempt ``rid`` is then one byte concatenation.
+before the closing brace (``rid`` always; ``priority`` when the workers schedule by priority;
+``max_tokens``/``stream_options``/``return_meta_info`` when it has to). When the body held a
+field the gateway drops or replaces, the upstream body is the raw spans of the kept fields joined
+with the gateway's own: no re-serialisation either way. The per-attempt ``rid`` (and
+``priority``) is then one byte concatenation.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from app.proxy.fields import (
     schema_for,
 )
 from app.proxy.surface import Surface
+from app.tenants.config import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +77,24 @@ class ParsedRequest:
     # The client's API when it is not the worker's own (``app.proxy.surface``).
     surface: Surface | None = None
 
-    def upstream_parts(self, rid: str) -> tuple[memoryview | bytes, ...]:
+    def upstream_parts(
+        self, rid: str, priority: int | None = None
+    ) -> tuple[memoryview | bytes, ...]:
         """The body for one upstream attempt with its own ``rid`` (32 hex chars), as the pieces
-        of the client's bytes it is made of (no copy of a large body is made here)."""
-        return (*self._head, b'"rid":"' + rid.encode("ascii") + b'"}')
+        of the client's bytes it is made of (no copy of a large body is made here); with
+        SGLang's ``priority`` field when ``priority`` is given (a class value of
+        ``app.tenants.config.PRIORITIES``)."""
+        tail = b'"rid":"' + rid.encode("ascii") + b'"}'
+        if priority is None:
+            return (*self._head, tail)
+        return (*self._head, _PRIORITY_FIELDS[priority], tail)
 
-    def upstream_body(self, rid: str) -> bytes:
+    def upstream_body(self, rid: str, priority: int | None = None) -> bytes:
         """``upstream_parts`` joined."""
-        return b"".join(self.upstream_parts(rid))
+        return b"".join(self.upstream_parts(rid, priority))
 
 
+_PRIORITY_FIELDS = {value: b'"priority":%d,' % value for value in PRIORITIES.values()}
 _MESSAGES = msgspec.json.Decoder(list[Message])
 _TOKEN_FIELDS = {
     Route.CHAT: ("max_tokens", "max_completion_tokens"),

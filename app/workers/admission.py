@@ -7,27 +7,35 @@ loads poll; 48 until then), or ``admission.per_worker_cap`` for every worker whe
 The gateway admits a request to a worker only while
 
 - this process has fewer than ``cap / processes`` requests in flight there, and
-- the worker's own polled ``running + waiting`` (all gateway replicas and processes together)
-  is below ``cap``.
+- the worker's own polled ``running + waiting`` (all gateway replicas and processes together),
+  corrected by this process's requests started and ended since that poll (``Worker.busy``), is
+  below ``cap``: a slot this process freed is free again at once, not at the next poll.
 
-When no candidate has room the request waits in a FIFO queue of at most ``queue_size`` entries
-for up to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both
-with ``Retry-After`` (CONTRACTS.md). Every slot freed wakes the oldest waiter.
+When no candidate has room the request waits in a queue of at most ``queue_size`` entries for up
+to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
+``Retry-After`` (CONTRACTS.md). Every slot freed is granted to the waiter the queue serves next
+(``app.workers.fairqueue``: higher priority classes first, then weighted fair queuing across API
+keys); a request that finds room while others wait queues too, so it never passes them. A waiter
+that leaves (its client disconnected, its deadline passed) is out of the queue at once, and a slot
+granted to it goes on to the next.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from app.config import AdmissionConfig
 from app.errors import ServiceUnavailable
+from app.tenants.config import PRIORITIES
+from app.tenants.tenant import Tenant
+from app.workers.fairqueue import FairQueue, Waiter
 from app.workers.worker import Worker
 
 Clock = Callable[[], float]
 Candidates = Callable[[], Sequence[Worker]]
+_DEFAULT_CLASS = PRIORITIES["normal"]
 
 
 class Admission:
@@ -43,12 +51,13 @@ class Admission:
         self._deweight = deweight_collapsed
         self._processes = processes
         self._clock = clock
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._queue = FairQueue(len(PRIORITIES))
+        self._granted = 0  # waiters granted a slot that have not taken it yet
 
     @property
     def depth(self) -> int:
         """Requests waiting for a slot now."""
-        return len(self._waiters)
+        return self._queue.size
 
     def cap(self, worker: Worker) -> int:
         """The most requests ``worker`` may hold (all gateway processes together): the
@@ -58,8 +67,10 @@ class Admission:
     def has_room(self, worker: Worker) -> bool:
         cap = self.cap(worker)
         local = -(-cap // self._processes)  # ceil
-        polled = worker.load.running + worker.load.waiting
-        return worker.in_flight < local and polled < cap
+        # ``Worker.busy`` inlined (the max() with in_flight is implied by the first test).
+        in_flight, load = worker.in_flight, worker.load
+        polled = load.running + load.waiting
+        return in_flight < local and polled + in_flight - worker.in_flight_at_load < cap
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
@@ -76,7 +87,7 @@ class Admission:
         process's admission queue, over the routable workers' caps summed (1.0 = every slot
         taken; above it, requests queue). With no routable worker: 1.0 if anything waits, else 0.
         """
-        demand, capacity = len(self._waiters), 0
+        demand, capacity = self._queue.size, 0
         for worker in workers:
             if worker.routable:
                 capacity += self.cap(worker)
@@ -85,55 +96,96 @@ class Admission:
             return 1.0 if demand else 0.0
         return demand / capacity
 
-    async def admit(self, candidates: Candidates) -> tuple[list[Worker], float]:
-        """Candidates with room now, waiting in the queue if there are none yet.
+    async def admit(
+        self, candidates: Candidates, tenant: Tenant | None = None
+    ) -> tuple[list[Worker], float]:
+        """Candidates with room now, waiting in the queue if there are none yet (or if others
+        already wait: a request never passes a waiter the queue would serve before it).
 
-        Returns them with the seconds spent waiting. ``candidates`` is called again after every
+        ``tenant`` places the request in the queue: its priority class, and its key's lane and
+        weight within the class (None: the default class, one shared lane). Returns the
+        candidates with the seconds spent waiting. ``candidates`` is called again after every
         wake-up, so workers that became healthy or left meanwhile are seen. An empty list means
         no candidate exists at all (nothing to wait for)."""
         current = candidates()
         ready = self.with_room(current)
-        if not current or (ready and not self._waiters):
+        queue = self._queue
+        if not current or (ready and not queue.size and not self._granted):
             return ready, 0.0
-        # Others are already waiting (or nothing has room): queue behind them, FIFO.
-        if len(self._waiters) >= self._config.queue_size:
+        if queue.size >= self._config.queue_size:
             raise self._refuse("every worker is at capacity and the admission queue is full")
-        if ready:
-            self.release()  # there is room: let the queue move
+        if tenant is None:
+            waiter = Waiter(None, 1.0, _DEFAULT_CLASS)
+        else:
+            waiter = Waiter(tenant.name, tenant.policy.weight, tenant.priority)
+        queue.push(waiter)
+        if ready and not self._granted:
+            self.release()  # there is room: the queue moves, in its order
         start = self._clock()
         deadline = start + self._config.queue_timeout_s
         loop = asyncio.get_running_loop()
-        while True:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
-            try:
+        try:
+            while True:
                 remaining = deadline - self._clock()
-                if remaining <= 0:
-                    raise TimeoutError
-                # Wake on a freed slot; re-check at least every second for load/health changes.
-                async with asyncio.timeout(min(remaining, 1.0)):
-                    await waiter
-            except TimeoutError:
-                pass
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-            current = candidates()
-            ready = self.with_room(current)
-            if ready or not current:
-                if not ready:
-                    self.release()  # pass a wake-up we cannot use to the next waiter
-                return ready, self._clock() - start
-            if self._clock() >= deadline:
-                raise self._refuse("timed out waiting for a worker with capacity")
+                if not waiter.granted and remaining > 0:
+                    future = waiter.future = loop.create_future()
+                    try:
+                        # Wake on a granted slot; re-check at least every second for load and
+                        # health changes.
+                        async with asyncio.timeout(min(remaining, 1.0)):
+                            await future
+                    except TimeoutError:
+                        pass
+                current = candidates()
+                ready = self.with_room(current)
+                if waiter.granted:
+                    waiter.granted = False
+                    self._granted -= 1
+                    if ready or not current:
+                        return ready, self._clock() - start
+                    # A slot this request cannot use (e.g. on a worker it already tried): pass
+                    # the wake-up on, then wait again at the front of its lane.
+                    self._pass_on(waiter.hops)
+                    queue.push(waiter, front=True)
+                elif not current:
+                    queue.remove(waiter)
+                    return [], self._clock() - start
+                elif ready and not self._granted:
+                    # Room that no freed slot announced (polled load fell, a worker came back).
+                    self.release()
+                    continue
+                if self._clock() >= deadline:
+                    raise self._refuse("timed out waiting for a worker with capacity")
+        except BaseException:
+            # Timed out, or ended from outside (the client left): out of the queue at once, and a
+            # slot granted meanwhile goes to the next waiter.
+            if waiter.granted:
+                waiter.granted = False
+                self._granted -= 1
+                self._pass_on(waiter.hops)
+            else:
+                queue.remove(waiter)
+            raise
 
-    def release(self) -> None:
-        """A slot was freed (or capacity appeared): wake the oldest waiter."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+    def release(self, hops: int = 0) -> None:
+        """A slot was freed (or capacity appeared): grant it to the waiter served next."""
+        if not self._queue.size:
+            return
+        waiter = self._queue.pop()
+        if waiter is None:
+            return
+        waiter.granted = True
+        waiter.hops = hops
+        self._granted += 1
+        future = waiter.future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _pass_on(self, hops: int) -> None:
+        """Hand a wake-up its waiter could not use to the next one, through each waiter at most
+        once."""
+        if hops < self._queue.size:
+            self.release(hops + 1)
 
     def _refuse(self, message: str) -> ServiceUnavailable:
         return ServiceUnavailable(message, retry_after=self._config.retry_after_s)

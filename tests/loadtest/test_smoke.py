@@ -160,3 +160,20 @@ def test_routing_bench_runs_each_policy_on_a_fleet_and_writes_json_and_png(
         assert run["completed"] == 12  # 16 less the 4 warm-up requests
         assert sum(run["requests_per_worker"]) == 16
     assert (tmp_path / "routing.png").stat().st_size > 0
+
+
+def test_fairness_bench_prints_every_tenant_row_and_writes_json(tmp_path: Path) -> None:
+    result = _bench(
+        "fairness",
+        *("--a-streams", "12", "--slots", "4", "--duration", "2", "--baseline-requests", "4"),
+        *("--max-tokens", "16", "--speed", "20", "--out", str(tmp_path)),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for row in ("A (flood)", "B (under flood)", "B alone", "queue wait p50", "TTFT p50"):
+        assert row in result.stdout
+    report = json.loads((tmp_path / "fairness.json").read_text())
+    rows = {r["tenant"]: r for r in report["rows"]}
+    assert rows["B alone"]["requests"] == 4
+    assert rows["A (flood)"]["requests"] > 0 and rows["B (under flood)"]["requests"] > 0
+    assert rows["A (flood)"]["queue_wait_p50_ms"] > 0  # A queued behind its own flood
+    assert set(report["goals"]) >= {"b_ttft_ratio", "slots_busy_share", "one_slot_free_ms"}

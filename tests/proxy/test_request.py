@@ -288,3 +288,19 @@ def test_a_repeated_key_counts_by_its_last_value_as_for_the_worker() -> None:
 def test_max_tokens_beyond_64_bits_is_refused() -> None:
     err = refused(b'{"model":"m","messages":[{}],"max_tokens":1' + b"0" * 30 + b"}")
     assert err.param == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',  # the client's bytes + tail
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],"surprise":1}',  # rebuilt
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}',  # patched
+    ],
+)
+def test_the_priority_class_goes_upstream_only_when_given(raw: bytes) -> None:
+    req = parse(raw)
+    assert "priority" not in orjson.loads(req.upstream_body(RID))
+    for value in (0, 1, 2):
+        body = orjson.loads(req.upstream_body(RID, value))
+        assert (body["priority"], body["rid"], body["model"]) == (value, RID, "m")

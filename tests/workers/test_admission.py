@@ -168,3 +168,15 @@ def test_parse_loads_sums_ranks_and_reads_speculative_fields() -> None:
     assert idle.accept_length is None  # nothing measured yet, not "acceptance 0"
     assert parse_loads({"loads": []}) is None
     assert parse_loads("nonsense") is None
+
+
+def test_a_slot_freed_since_the_last_poll_is_free_at_once() -> None:
+    admission = Admission(AdmissionConfig())
+    worker = _worker()
+    worker.in_flight = 2
+    worker.set_load(WorkerLoad(running=2, max_running_requests=2))  # polled full: our two
+    assert not admission.has_room(worker)
+    worker.in_flight = 1  # one of ours ended after that poll
+    assert admission.has_room(worker)
+    worker.set_load(WorkerLoad(running=1, waiting=1, max_running_requests=2))  # another replica
+    assert not admission.has_room(worker)

@@ -115,4 +115,26 @@ EndpointSlice of a Service, naming the workers' headless Service - so exactly it
 {{- if and .Values.gateway.autoscaling.enabled (lt (int .Values.gateway.autoscaling.maxReplicas) (int .Values.gateway.autoscaling.minReplicas)) }}
 {{- fail "gateway.autoscaling.maxReplicas must be >= minReplicas" }}
 {{- end }}
+{{- $classes := dict "low" 0 "normal" 1 "high" 2 }}
+{{- $policies := dict "tenants.default" .Values.tenants.default }}
+{{- range $name, $policy := .Values.tenants.keys }}
+{{- $_ := set $policies (printf "tenants.keys.%s" $name) $policy }}
+{{- end }}
+{{- range $where, $policy := $policies }}
+{{- if gt (int (get $classes (default "normal" $policy.priority))) (int (get $classes (default "normal" $policy.maxPriority))) }}
+{{- fail (printf "%s: priority must not be above maxPriority" $where) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* One tenant policy of the values (camelCase) as gateway settings (tenants.*): only the fields
+given. */}}
+{{- define "dflash-gateway.tenantPolicy" -}}
+{{- $out := dict }}
+{{- range $from, $to := dict "weight" "weight" "priority" "priority" "maxPriority" "max_priority" "tokensPerMin" "tokens_per_min" "tokensPerDay" "tokens_per_day" }}
+{{- if and (hasKey $ $from) (not (kindIs "invalid" (get $ $from))) }}
+{{- $_ := set $out $to (get $ $from) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}
