@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
 from starlette.datastructures import State
@@ -33,10 +33,14 @@ from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.routing.policies import make_policy
 from app.tenants.tenant import Tenants
+from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +84,11 @@ def create_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> GatewayApp:
     """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
-    jitter, random policies)."""
+    jitter, random policies); ``span_exporter`` takes the spans instead of the configured
+    exporter when tracing is on."""
     rng = rng or random.Random()
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
@@ -113,6 +119,7 @@ def create_app(
         keys=keys,
         limiter=limiter,
         access=access,
+        tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
     )
 
     def publish_keys() -> None:
@@ -159,6 +166,8 @@ def create_app(
             await client.aclose()
             if limiter is not None:
                 await limiter.close()
+            if gateway.tracer is not None:  # exports the spans still buffered
+                await asyncio.to_thread(gateway.tracer.shutdown)
 
     app = FastAPI(
         title="dflash-gateway",
