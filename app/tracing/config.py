@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INSTALL_HINT = "pip install 'dflash-gateway[otel]'"
 
@@ -55,10 +55,10 @@ class TracingConfig(BaseModel):
     # sampled flag instead (parent-based), so one trace is kept or dropped whole.
     sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
-    @model_validator(mode="after")
-    def _sdk_installed(self) -> TracingConfig:
-        if self.enabled:
-            missing = sdk_missing()
-            if missing is not None:
-                raise ValueError(missing)
-        return self
+    @field_validator("enabled")
+    @classmethod
+    def _sdk_installed(cls, enabled: bool) -> bool:
+        missing = sdk_missing() if enabled else None
+        if missing is not None:
+            raise ValueError(missing)
+        return enabled

@@ -45,7 +45,9 @@ class Trace:
     def __init__(self, server: ReadableSpan, spans: list[ReadableSpan]) -> None:
         assert server.context is not None
         self.server = server
-        self.children = [s for s in spans if s.parent and s.parent.span_id == server.context.span_id]
+        self.children = [
+            s for s in spans if s.parent and s.parent.span_id == server.context.span_id
+        ]
 
     def named(self, name: str) -> list[ReadableSpan]:
         return sorted((s for s in self.children if s.name == name), key=lambda s: s.start_time or 0)
@@ -173,9 +175,7 @@ async def test_the_admission_span_holds_the_queue_wait() -> None:
 async def test_a_request_refused_in_the_queue_has_an_admission_span_and_no_attempt() -> None:
     exporter, worker = InMemorySpanExporter(), FakeWorker(hold_after=1)
     admission = {"per_worker_cap": 1, "queue_timeout_s": 0.1}
-    async with GatewayHarness(
-        [worker], span_exporter=exporter, admission=admission, **ON
-    ) as gw:
+    async with GatewayHarness([worker], span_exporter=exporter, admission=admission, **ON) as gw:
         first = asyncio.ensure_future(gw.post(CHAT, chat(stream=True)))
         await worker.held.wait()
         refused = await gw.post(CHAT, chat(stream=True), headers=CLIENT)
