@@ -96,7 +96,8 @@ class Tracing:
                 text, key = value.decode("latin-1"), name.decode("ascii")
                 carrier[key] = f"{carrier[key]},{text}" if key in carrier else text
         parent = _PROPAGATOR.extract(carrier, context=Context()) if carrier else Context()
-        offset = time.time_ns() - round(started * 1e9)
+        now = time.time_ns()  # wall time for the gateway's clock: one offset per request
+        offset = now - round(started * 1e9)
         span = self._tracer.start_span(
             f"POST {route}",
             context=parent,
@@ -106,7 +107,7 @@ class Tracing:
                 "http.route": route,
                 "dflash.request_id": request_id,
             },
-            start_time=offset + round(started * 1e9),
+            start_time=now,
         )
         return RequestTrace(self._tracer, span, offset, self._clock)
 

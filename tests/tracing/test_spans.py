@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -113,10 +114,11 @@ async def test_a_stream_is_traced_on_the_clients_trace_and_its_worker_joins_it()
     assert sent["tracestate"] == "vendor=abc"
 
 
-async def test_a_request_without_traceparent_starts_a_trace() -> None:
+@pytest.mark.parametrize("client", [{}, {"traceparent": "00-not-a-trace-01"}])
+async def test_a_request_without_a_valid_traceparent_starts_a_trace(client: dict[str, str]) -> None:
     exporter, worker = InMemorySpanExporter(), FakeWorker()
     async with GatewayHarness([worker], span_exporter=exporter, **ON) as gw:
-        ex = await gw.post(CHAT, chat())
+        ex = await gw.post(CHAT, chat(), headers=client)
         (request,) = await traces(exporter, 1)
     assert ex.status == 200
     assert request.server.parent is None
