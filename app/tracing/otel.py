@@ -126,6 +126,7 @@ class RequestTrace:
         "_clock",
         "_context",
         "_offset",
+        "_recording",
         "_span",
         "_tracer",
         "_waited",
@@ -135,6 +136,9 @@ class RequestTrace:
         self._tracer = tracer
         self._span = span
         self._context = trace.set_span_in_context(span, Context())
+        # Not sampled: no child spans either; the workers get this span's context (flagged not
+        # sampled), so they agree.
+        self._recording = span.is_recording()
         self._offset = offset
         self._clock = clock
         self._admission: tuple[Span, float] | None = None  # open admission span, its start
@@ -146,6 +150,8 @@ class RequestTrace:
 
     def admitting(self) -> None:
         """The request starts waiting for a worker slot."""
+        if not self._recording:
+            return
         at = self._clock()
         span = self._tracer.start_span("admission", context=self._context, start_time=self._ns(at))
         self._admission = (span, at)
@@ -161,21 +167,24 @@ class RequestTrace:
     def attempt(self, job: Job, attempt: Attempt) -> Headers:
         """The span of ``attempt``, about to be sent, and the headers to send with it: the
         client's, with this span as the worker's parent."""
-        waited, self._waited = job.queue_wait_s - self._waited, job.queue_wait_s
-        self._admitted(attempt.started, waited)
-        span = self._attempt = self._tracer.start_span(
-            "attempt",
-            context=self._context,
-            kind=SpanKind.CLIENT,
-            attributes={
-                "dflash.worker": attempt.worker.name,
-                "dflash.rid": attempt.rid,
-                "dflash.attempt": job.record.attempts,
-            },
-            start_time=self._ns(attempt.started),
-        )
+        context = self._context
+        if self._recording:
+            waited, self._waited = job.queue_wait_s - self._waited, job.queue_wait_s
+            self._admitted(attempt.started, waited)
+            span = self._attempt = self._tracer.start_span(
+                "attempt",
+                context=context,
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "dflash.worker": attempt.worker.name,
+                    "dflash.rid": attempt.rid,
+                    "dflash.attempt": job.record.attempts,
+                },
+                start_time=self._ns(attempt.started),
+            )
+            context = trace.set_span_in_context(span, Context())
         carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span, Context()))
+        _PROPAGATOR.inject(carrier, context=context)
         headers = [h for h in job.headers if h[0] != _TRACEPARENT and h[0] != _TRACESTATE]
         headers.extend((k.encode("ascii"), v.encode("latin-1")) for k, v in carrier.items())
         return headers
@@ -203,6 +212,8 @@ class RequestTrace:
 
     def finish(self, record: AccessRecord, queue_wait_s: float) -> None:
         """The request was answered as ``record`` says."""
+        if not self._recording:
+            return
         end = self._clock()
         self._admitted(end)  # refused while waiting, or no worker at all
         attributes: dict[str, AttributeValue] = {
@@ -228,6 +239,8 @@ class RequestTrace:
 
     def refused(self, error: BaseException, key: str | None) -> None:
         """The request was answered with ``error`` before any worker was asked."""
+        if not self._recording:
+            return
         status = error.status if isinstance(error, GatewayError) else 500
         attributes: dict[str, AttributeValue] = {
             "http.response.status_code": status,
