@@ -30,6 +30,7 @@ from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
+from app.tracing.config import TracingConfig
 
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
@@ -294,6 +295,7 @@ class Settings(BaseSettings):
     embedded: EmbeddedConfig = EmbeddedConfig()
     routing: RoutingConfig = RoutingConfig()
     tenants: TenantsConfig = TenantsConfig()
+    tracing: TracingConfig = TracingConfig()  # OpenTelemetry traces: app/tracing/config.py
     workers: WorkersConfig = WorkersConfig()
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")

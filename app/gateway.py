@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from app.accesslog import AccessLog
 from app.auth import KeyStore
@@ -13,6 +14,9 @@ from app.proxy.forward import Proxy
 from app.tenants.quota import TokenQuotas
 from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
+
+if TYPE_CHECKING:
+    from app.tracing.otel import Tracing
 
 
 @dataclass(slots=True)
@@ -30,3 +34,4 @@ class Gateway:
     access: AccessLog = field(default_factory=AccessLog)  # the access log (one line per answer)
     draining: bool = False  # SIGTERM received: not ready (new requests served a little longer)
     accepting: bool = True  # False once the drain window closed: new requests get 503
+    tracer: Tracing | None = None  # OpenTelemetry traces; None while tracing is off

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
 from starlette.datastructures import State
@@ -36,10 +36,14 @@ from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
 from app.tenants.tenant import Tenants
 from app.tenants.usage import UsageLog
+from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +87,11 @@ def create_app(
     *,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> GatewayApp:
     """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
-    jitter, random policies)."""
+    jitter, random policies); ``span_exporter`` takes the spans instead of the configured
+    exporter when tracing is on."""
     rng = rng or random.Random()
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
@@ -127,6 +133,7 @@ def create_app(
         limiter=limiter,
         quota=quota,
         access=access,
+        tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
     )
 
     def publish_keys() -> None:
@@ -177,6 +184,8 @@ def create_app(
                 await quota.close()
             if usage is not None:  # the lines still queued, with a bounded wait
                 await asyncio.to_thread(usage.close)
+            if gateway.tracer is not None:  # exports the spans still buffered
+                await asyncio.to_thread(gateway.tracer.shutdown)
 
     app = FastAPI(
         title="dflash-gateway",

@@ -22,7 +22,7 @@ import logging
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
@@ -49,6 +49,9 @@ from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
 
+if TYPE_CHECKING:
+    from app.tracing.otel import RequestTrace
+
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
@@ -68,6 +71,7 @@ class Job:
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     queue_wait_s: float = 0.0  # time spent in the admission queue
     attempt: Attempt | None = None  # the last upstream attempt
+    trace: RequestTrace | None = None  # its spans, when tracing is on
 
     @property
     def committed(self) -> bool:
@@ -277,6 +281,8 @@ class Proxy:
         error: GatewayError | None = None
         for number in range(1, retry.max_attempts + 1):
             asked = self._clock()
+            if job.trace is not None:
+                job.trace.admitting()
             try:
                 candidates, waited = await self.admission.admit(
                     lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried],
@@ -324,8 +330,9 @@ class Proxy:
     async def _attempt(self, job: Job, worker: Worker, down: Downstream, sup: Supervisor) -> None:
         rid = self.new_rid()
         attempt = job.attempt = Attempt(worker, rid, sup, abort=self._abort, spawn=self._spawn)
-        request, record = job.request, job.record
+        request, record, trace = job.request, job.record, job.trace
         expose = self._settings.expose_accept_length
+        headers = job.headers if trace is None else trace.attempt(job, attempt)
         try:
             async with attempt:  # ends on a deadline; settles outcome, breaker, abort, response
                 attempt.responded(
@@ -335,7 +342,7 @@ class Proxy:
                         request.upstream_parts(
                             rid, job.tenant.priority if self._send_priority else None
                         ),
-                        job.headers,
+                        headers,
                         sent=attempt.sent,
                     )
                 )
@@ -354,3 +361,5 @@ class Proxy:
             record.outcome = Outcome.UPSTREAM_ERROR if attempt.tally.inband_error else Outcome.OK
         finally:
             self._metrics.record_attempt(worker.name, attempt.outcome)
+            if trace is not None:
+                trace.attempt_ended(attempt)

@@ -109,6 +109,10 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
     """Answer one request of ``entry``'s API (see the module doc)."""
     started = gw.proxy.now()
     request_id = request_id_of(scope)
+    tracer = gw.tracer
+    trace = (
+        None if tracer is None else tracer.begin(scope["headers"], entry.route, request_id, started)
+    )
     key: str | None = None
     slot: contextlib.AsyncExitStack | None = None
     limit_headers: list[tuple[bytes, bytes]] = []  # on every answer from admission on
@@ -125,6 +129,8 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
         parsed = entry.parse(gw, raw)
         check_model(gw, parsed)
     except Exception as exc:
+        if trace is not None:
+            trace.refused(exc, key)
         if slot is not None:
             await release(slot)
         lane = direct_body(scope)
@@ -152,11 +158,15 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
         key=key,
         priority=tenant.priority_name,
     )
-    job = Job(parsed, forwarded, request_id, ctx, record, started, tenant, limit_headers)
+    job = Job(
+        parsed, forwarded, request_id, ctx, record, started, tenant, limit_headers, trace=trace
+    )
     try:
         # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per chunk.
         await gw.proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
     finally:
+        if trace is not None:
+            trace.finish(record, job.queue_wait_s)
         if slot is not None:
             await release(slot)
         if key is not None and (record.prompt_tokens or record.completion_tokens):

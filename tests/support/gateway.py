@@ -420,11 +420,12 @@ class GatewayHarness:
         *,
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
+        span_exporter: Any = None,
         **settings: Any,
     ) -> None:
         self.workers = list(workers)
         self._settings = settings
-        self._factory: dict[str, Any] = {"clock": clock, "rng": rng}
+        self._factory: dict[str, Any] = {"clock": clock, "rng": rng, "span_exporter": span_exporter}
         self.lanes_offered = 0  # requests the server offered the direct lane
         self.lane_writes = 0  # stream chunks the relay wrote through it
         self.server: uvicorn.Server | None = None
