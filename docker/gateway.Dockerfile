@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # dflash-gateway image: the gateway (and its SGLang DFLASH worker emulator), no torch, no GPU,
 # no benchmarks (loadtest/ stays out: the image's CLI has no `bench` command).
+# The OpenTelemetry SDK is in (the otel extra), so tracing.enabled works from the chart.
 # Build from the repository root:
 #   docker build -f docker/gateway.Dockerfile -t dflash-gateway:0.1.0 .
 # Run (same command as `make run`, plus a bind address reachable from outside the container):
@@ -12,7 +13,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --wheel-dir /wheels '.[otel]'
 
 # --- runtime stage: slim Python, the wheels installed, a non-root user -------------------------
 FROM python:3.11-slim AS runtime
@@ -24,7 +25,7 @@ RUN groupadd --system --gid 10001 dflash \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin dflash
 COPY --from=build /wheels /wheels
-RUN pip install --no-index --find-links=/wheels dflash-gateway \
+RUN pip install --no-index --find-links=/wheels 'dflash-gateway[otel]' \
  && rm -rf /wheels
 USER 10001:10001
 WORKDIR /tmp

@@ -76,8 +76,14 @@ def test_image_has_no_torch() -> None:
     assert "torch" not in deps and "sglang" not in deps
     text = DOCKERFILE.read_text()
     assert "torch" not in re.sub(r"#.*", "", text)
-    # Only the project's runtime dependencies are installed (no extras such as [worker]).
-    assert "pip install --no-index --find-links=/wheels dflash-gateway" in text
+    # The runtime dependencies plus the otel extra (tracing), no other extra such as [worker].
+    assert "pip install --no-index --find-links=/wheels 'dflash-gateway[otel]'" in text
+    otel = " ".join(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+            "otel"
+        ]
+    ).lower()
+    assert "torch" not in otel and "sglang" not in otel
 
 
 def test_copied_sources_exist_and_pass_the_dockerignore() -> None:
