@@ -90,6 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-cpu", type=int, default=1, help="CPU for emulator and load generator")
     p.add_argument("--skip-router", action="store_true", help="do not run sglang-router")
     p.add_argument("--gateway-processes", type=int, default=1)
+    p.add_argument(
+        "--api-key",
+        metavar="NAME:KEY",
+        help="configure this one API key on the gateway and send it (the tenant path: key, "
+        "limits, tenant policy); sglang-router gets the header too and ignores it",
+    )
     p.add_argument("--scenarios", default="stream_saturation,stream_paced,non_stream")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
 
@@ -163,7 +169,12 @@ async def _one(
 
 
 async def drive(
-    base_url: str, scenario: Scenario, model: str, max_tokens: int, path: str = CHAT
+    base_url: str,
+    scenario: Scenario,
+    model: str,
+    max_tokens: int,
+    path: str = CHAT,
+    api_key: str | None = None,
 ) -> Measurement:
     body = orjson.dumps(
         {
@@ -179,6 +190,8 @@ async def drive(
         max_connections=scenario.concurrency, max_keepalive_connections=scenario.concurrency
     )
     headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key.partition(":")[2]
     results: list[tuple[bool, float, int]] = []
     remaining = iter(range(scenario.requests))
     async with httpx.AsyncClient(
@@ -257,6 +270,7 @@ def start_proxies(
             env={
                 "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
                 "DFLASH_GATEWAY_LOG_LEVEL": "warning",
+                **({"DFLASH_GATEWAY_API_KEYS": args.api_key} if args.api_key else {}),
             },
         ),
     }
@@ -308,9 +322,9 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
                 scenario.concurrency * 2,
                 scenario.chunk_interval_s,
             )
-            await drive(target.url, warm, model, args.max_tokens, path)  # connections, caches
+            await drive(target.url, warm, model, args.max_tokens, path, args.api_key)  # warm-up
             before = process_tree_cpu(proxy.pid) if proxy else 0.0
-            result = await drive(target.url, scenario, model, args.max_tokens, path)
+            result = await drive(target.url, scenario, model, args.max_tokens, path, args.api_key)
             result.target = name
             if proxy is not None:
                 result.cpu_s = process_tree_cpu(proxy.pid) - before
