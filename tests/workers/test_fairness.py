@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 
 import pytest
 
@@ -240,3 +241,46 @@ async def test_a_slot_nobody_can_use_passes_each_waiter_once_then_stops() -> Non
     stack.worker.in_flight = 0
     ready, waited = await stack.admission.admit(lambda: [stack.worker], tenant("a"))
     assert (ready, waited) == ([stack.worker], 0.0)
+
+
+async def test_a_newcomer_gets_a_second_free_slot_while_a_granted_waiter_takes_the_first() -> None:
+    admission = Admission(AdmissionConfig(per_worker_cap=2, queue_size=10, queue_timeout_s=30.0))
+    worker = Worker(url="http://10.0.0.1:30000", state=WorkerState.HEALTHY)
+    worker.in_flight = 2
+    served: list[str] = []
+
+    async def client(label: str, who: Tenant) -> None:
+        ready, _ = await admission.admit(lambda: [worker], who)
+        assert ready == [worker]
+        served.append(label)
+        worker.in_flight += 1  # in flight before its next await, as the proxy does
+
+    waiting = asyncio.create_task(client("waiter", tenant("a")))
+    await asyncio.sleep(0)
+    assert admission.depth == 1
+    # A request arrives in the same turn of the loop in which two requests end: one slot goes to
+    # the waiter, the other is free for the newcomer.
+    newcomer = asyncio.create_task(client("newcomer", tenant("b")))
+    worker.in_flight -= 2
+    admission.release()
+    admission.release()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sorted(served) == ["newcomer", "waiter"]  # nobody waits while a slot is free
+    assert admission.depth == 0
+    await asyncio.gather(waiting, newcomer)
+
+
+def test_waiters_that_leave_a_lane_never_served_are_not_kept() -> None:
+    queue = FairQueue(3)
+    queue.push(Waiter("search", 1.0, 2))  # a high class that holds every freed slot
+    queue.push(Waiter("evals", 1.0, 0))  # one low waiter stays queued throughout
+    for _ in range(20000):  # low requests keep arriving and timing out, never served
+        waiter = Waiter("evals", 1.0, 0)
+        queue.push(waiter)
+        queue.remove(waiter)
+    del waiter
+    gc.collect()
+    alive = sum(1 for obj in gc.get_objects() if isinstance(obj, Waiter))
+    assert queue.size == 2
+    assert alive < 100  # the ones that left are not held by the queue
