@@ -72,6 +72,16 @@ class Admission:
         polled = load.running + load.waiting
         return in_flight < local and polled + in_flight - worker.in_flight_at_load < cap
 
+    def _free(self, workers: Sequence[Worker]) -> int:
+        """Requests ``workers`` (each with room) may take now, together."""
+        free = 0
+        for worker in workers:
+            cap = self.cap(worker)
+            local = -(-cap // self._processes) - worker.in_flight
+            busy = worker.load.running + worker.load.waiting
+            free += min(local, cap - busy - worker.in_flight + worker.in_flight_at_load)
+        return free
+
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
         as collapsed (``app.workers.acceptance``) is one only while no other has room."""
@@ -119,8 +129,10 @@ class Admission:
         else:
             waiter = Waiter(tenant.name, tenant.policy.weight, tenant.priority)
         queue.push(waiter)
-        if ready and not self._granted:
-            self.release()  # there is room: the queue moves, in its order
+        if ready and self._granted < self._free(ready):
+            # Room no granted waiter will take (e.g. two slots freed while one request waited):
+            # the queue moves, in its order, rather than at the next re-check.
+            self.release()
         start = self._clock()
         deadline = start + self._config.queue_timeout_s
         loop = asyncio.get_running_loop()
@@ -150,7 +162,7 @@ class Admission:
                 elif not current:
                     queue.remove(waiter)
                     return [], self._clock() - start
-                elif ready and not self._granted:
+                elif ready and self._granted < self._free(ready):
                     # Room that no freed slot announced (polled load fell, a worker came back).
                     self.release()
                     continue

@@ -10,7 +10,8 @@ waiting share freed slots in proportion to their weights (3 : 1 for weights 3 an
 that was not waiting is served at the next freed slot, not behind another key's backlog. Equal
 tags go to the lane with fewer waiters, then to the one that started waiting first.
 
-Costs: enqueue and removal O(1) (a removed waiter is skipped when its lane reaches it), serving
+Costs: enqueue and removal O(1) (a removed waiter is skipped when its lane reaches it, or
+dropped once they outnumber the lane's live ones: amortised O(1)), serving
 O(keys waiting in the class). Nothing is allocated per request but a lane when its key starts
 waiting.
 """
@@ -93,6 +94,10 @@ class FairQueue:
             lanes = self._classes[waiter.level].lanes
             if lanes.get(waiter.key) is lane:
                 del lanes[waiter.key]
+        elif len(lane.waiters) > 2 * lane.live + 16:
+            # A lane that is not served (a higher class takes every slot) while its waiters come
+            # and go: drop the ones that left, or they would pile up for as long as it waits.
+            lane.waiters = collections.deque(w for w in lane.waiters if w.lane is lane)
 
     def pop(self) -> Waiter | None:
         """The waiter to serve next (out of the queue), or None when nobody waits."""
