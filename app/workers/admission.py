@@ -13,7 +13,9 @@ The gateway admits a request to a worker only while
 
 When no candidate has room the request waits in a queue of at most ``queue_size`` entries for up
 to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
-``Retry-After`` (CONTRACTS.md). Every slot freed is granted to the waiter the queue serves next
+``Retry-After`` (CONTRACTS.md). A request the full queue would serve before its last waiter (a
+higher class, or another key than the one filling it) takes that waiter's place instead, and the
+waiter gets the 503: one key's burst cannot shut the others out. Every slot freed is granted to the waiter the queue serves next
 (``app.workers.fairqueue``: higher priority classes first, then weighted fair queuing across API
 keys); a request that finds room while others wait queues too, so it never passes them. A waiter
 that leaves (its client disconnected, its deadline passed) is out of the queue at once, and a slot
@@ -36,6 +38,7 @@ from app.workers.worker import Worker
 Clock = Callable[[], float]
 Candidates = Callable[[], Sequence[Worker]]
 _DEFAULT_CLASS = PRIORITIES["normal"]
+_FULL = "every worker is at capacity and the admission queue is full"
 
 
 class Admission:
@@ -122,12 +125,19 @@ class Admission:
         queue = self._queue
         if not current or (ready and not queue.size and not self._granted):
             return ready, 0.0
-        if queue.size >= self._config.queue_size:
-            raise self._refuse("every worker is at capacity and the admission queue is full")
         if tenant is None:
             waiter = Waiter(None, 1.0, _DEFAULT_CLASS)
         else:
             waiter = Waiter(tenant.name, tenant.policy.weight, tenant.priority)
+        if queue.size >= self._config.queue_size:
+            # Full: this request takes the place of the waiter served last if it would be served
+            # before it (that one is refused as if it had come now), else it is refused.
+            last = queue.displace(waiter)
+            if last is None:
+                raise self._refuse(_FULL)
+            last.displaced = True
+            if last.future is not None and not last.future.done():
+                last.future.set_result(None)
         queue.push(waiter)
         if ready and self._granted < self._free(ready):
             # Room no granted waiter will take (e.g. two slots freed while one request waited):
@@ -148,6 +158,8 @@ class Admission:
                             await future
                     except TimeoutError:
                         pass
+                if waiter.displaced:
+                    raise self._refuse(_FULL)
                 current = candidates()
                 ready = self.with_room(current)
                 if waiter.granted:

@@ -192,13 +192,29 @@ async def test_the_wait_times_out_on_the_admission_clock() -> None:
     assert stack.admission.depth == 0
 
 
-async def test_a_full_queue_refuses_every_class() -> None:
+async def test_a_full_queue_refuses_a_class_that_would_be_served_last() -> None:
     stack = Stack(queue_size=2)
-    await stack.queue("low", tenant("evals"))
-    await stack.queue("low", tenant("evals"))
+    await stack.queue("normal", tenant("a"))
+    await stack.queue("normal", tenant("b"))
     with pytest.raises(ServiceUnavailable, match="queue is full"):
-        await stack.admission.admit(lambda: [stack.worker], tenant("search"))
+        await stack.admission.admit(lambda: [stack.worker], tenant("evals"))
     assert stack.admission.depth == 2
+    await stack.close()
+
+
+async def test_a_full_queue_makes_room_for_a_higher_class() -> None:
+    stack = Stack(queue_size=2)
+    await stack.queue("low 1", tenant("evals"))
+    await stack.queue("low 2", tenant("evals"))
+    await stack.queue("high", tenant("search"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert stack.admission.depth == 2
+    assert [task.done() for task in stack.tasks] == [False, True, False]  # the newest low left
+    with pytest.raises(ServiceUnavailable, match="queue is full"):
+        stack.tasks[1].result()
+    await stack.free_slots(2)
+    assert stack.served == ["high", "low 1"]
     await stack.close()
 
 
@@ -284,3 +300,24 @@ def test_waiters_that_leave_a_lane_never_served_are_not_kept() -> None:
     alive = sum(1 for obj in gc.get_objects() if isinstance(obj, Waiter))
     assert queue.size == 2
     assert alive < 100  # the ones that left are not held by the queue
+
+
+async def test_a_full_queue_held_by_one_key_still_lets_another_key_in() -> None:
+    stack = Stack(queue_size=4)
+    for _ in range(4):
+        await stack.queue("a", tenant("a"))  # one key's burst fills the queue
+    await stack.queue("b", tenant("b"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert stack.admission.depth == 4
+    # a's newest waiter gave b its place, and was refused as if it had come when the queue was full.
+    refused = [task for task in stack.tasks if task.done()]
+    assert len(refused) == 1 and stack.tasks.index(refused[0]) == 3
+    with pytest.raises(ServiceUnavailable, match="queue is full"):
+        refused[0].result()
+    # The same key cannot push out its own waiters: a full queue still refuses it.
+    with pytest.raises(ServiceUnavailable, match="queue is full"):
+        await stack.admission.admit(lambda: [stack.worker], tenant("a"))
+    await stack.free_slots(1)
+    assert stack.served == ["b"]  # not behind a's backlog
+    await stack.close()
