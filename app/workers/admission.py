@@ -15,11 +15,11 @@ When no candidate has room the request waits in a queue of at most ``queue_size`
 to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
 ``Retry-After`` (CONTRACTS.md). A request the full queue would serve before its last waiter (a
 higher class, or another key than the one filling it) takes that waiter's place instead, and the
-waiter gets the 503: one key's burst cannot shut the others out. Every slot freed is granted to the waiter the queue serves next
-(``app.workers.fairqueue``: higher priority classes first, then weighted fair queuing across API
-keys); a request that finds room while others wait queues too, so it never passes them. A waiter
-that leaves (its client disconnected, its deadline passed) is out of the queue at once, and a slot
-granted to it goes on to the next.
+waiter gets the 503: one key's burst cannot shut the others out. Every slot freed is granted to
+the waiter the queue serves next (``app.workers.fairqueue``: higher priority classes first, then
+weighted fair queuing across API keys); a request that finds room while others wait queues too,
+so it never passes them. A waiter that leaves (its client disconnected, its deadline passed) is
+out of the queue at once, and a slot granted to it goes on to the next.
 """
 
 from __future__ import annotations
