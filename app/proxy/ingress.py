@@ -50,6 +50,7 @@ from app.proxy.surface import OPENAI, ErrorShape
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 from app.tenants.headers import HeaderStyle, openai_headers
+from app.tenants.quota import unreported_tokens
 from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
@@ -176,9 +177,9 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
                 completion=record.completion_tokens or 0,
                 reasoning=record.reasoning_tokens or 0,
             )
-            if gw.quota is not None:
-                spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
-                await gw.quota.charge(key, tenant.policy, spent)
+        if key is not None and gw.quota is not None:
+            spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+            await gw.quota.charge(key, tenant.policy, spent or unreported_tokens(job))
 
 
 def check_media_type(content_type: bytes | None, encoding: bytes | None) -> None:

@@ -4,7 +4,8 @@
 A request's tokens are known only when its answer ends, so a quota is checked before a request
 runs and charged after: ``check`` refuses a key that is already at or over a quota (429, with
 ``Retry-After`` the seconds until the window has freed enough to be under it again), ``charge``
-adds the answer's tokens once it ended. Requests admitted while the key was under its quota all
+adds the answer's tokens once it ended (estimated, ``unreported_tokens``, for a stream cut
+before its usage chunk). Requests admitted while the key was under its quota all
 run to the end, so a key can overshoot by what its requests in flight then use; the next ones
 wait the longer for it.
 
@@ -26,12 +27,16 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.config import LimitsConfig
 from app.limits import StoreErrors
+from app.proxy.request import Route
 from app.tenants.config import TenantPolicy, TenantsConfig
 from app.tenants.headers import Budget, duration
+
+if TYPE_CHECKING:
+    from app.proxy.forward import Job
 
 MINUTE_S = 60
 DAY_S = 86400
@@ -123,6 +128,24 @@ def assess(policy: TenantPolicy, counts: Counts) -> QuotaState:
         )
     refusal = max(refusals, key=lambda r: r.retry_after) if refusals else None
     return QuotaState(tokens, refusal)
+
+
+def unreported_tokens(job: Job) -> int:
+    """An estimate of the prompt + completion tokens of a stream that relayed data events but
+    ended before its usage chunk (its client hung up, its worker died): without it, cutting a
+    stream short would cost its key nothing. Completion: the data events relayed (less a chat
+    stream's role and finish events) times the worker's mean acceptance length (tokens per
+    event, at least 1); prompt: the upstream body's bytes / 4. 0 when the usage is known or
+    nothing was relayed."""
+    attempt = job.attempt
+    if attempt is None or attempt.tally.usage is not None or attempt.tally.first_at is None:
+        return 0
+    request = job.request
+    overhead = 2 * request.choices if request.route is Route.CHAT else 0
+    per_event = max(1.0, attempt.worker.load.accept_length or 1.0)
+    completion = max(0, attempt.tally.events - overhead) * per_event
+    prompt = sum(len(part) for part in request.upstream_parts("")) // 4
+    return prompt + math.ceil(completion)
 
 
 def has_quota(policy: TenantPolicy) -> bool:

@@ -13,11 +13,13 @@ The gateway admits a request to a worker only while
 
 When no candidate has room the request waits in a queue of at most ``queue_size`` entries for up
 to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
-``Retry-After`` (CONTRACTS.md). Every slot freed is granted to the waiter the queue serves next
-(``app.workers.fairqueue``: higher priority classes first, then weighted fair queuing across API
-keys); a request that finds room while others wait queues too, so it never passes them. A waiter
-that leaves (its client disconnected, its deadline passed) is out of the queue at once, and a slot
-granted to it goes on to the next.
+``Retry-After`` (CONTRACTS.md). A request the full queue would serve before its last waiter (a
+higher class, or another key than the one filling it) takes that waiter's place instead, and the
+waiter gets the 503: one key's burst cannot shut the others out. Every slot freed is granted to
+the waiter the queue serves next (``app.workers.fairqueue``: higher priority classes first, then
+weighted fair queuing across API keys); a request that finds room while others wait queues too,
+so it never passes them. A waiter that leaves (its client disconnected, its deadline passed) is
+out of the queue at once, and a slot granted to it goes on to the next.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from app.workers.worker import Worker
 Clock = Callable[[], float]
 Candidates = Callable[[], Sequence[Worker]]
 _DEFAULT_CLASS = PRIORITIES["normal"]
+_FULL = "every worker is at capacity and the admission queue is full"
 
 
 class Admission:
@@ -71,6 +74,16 @@ class Admission:
         in_flight, load = worker.in_flight, worker.load
         polled = load.running + load.waiting
         return in_flight < local and polled + in_flight - worker.in_flight_at_load < cap
+
+    def _free(self, workers: Sequence[Worker]) -> int:
+        """Requests ``workers`` (each with room) may take now, together."""
+        free = 0
+        for worker in workers:
+            cap = self.cap(worker)
+            local = -(-cap // self._processes) - worker.in_flight
+            busy = worker.load.running + worker.load.waiting
+            free += min(local, cap - busy - worker.in_flight + worker.in_flight_at_load)
+        return free
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
@@ -112,15 +125,24 @@ class Admission:
         queue = self._queue
         if not current or (ready and not queue.size and not self._granted):
             return ready, 0.0
-        if queue.size >= self._config.queue_size:
-            raise self._refuse("every worker is at capacity and the admission queue is full")
         if tenant is None:
             waiter = Waiter(None, 1.0, _DEFAULT_CLASS)
         else:
             waiter = Waiter(tenant.name, tenant.policy.weight, tenant.priority)
+        if queue.size >= self._config.queue_size:
+            # Full: this request takes the place of the waiter served last if it would be served
+            # before it (that one is refused as if it had come now), else it is refused.
+            last = queue.displace(waiter)
+            if last is None:
+                raise self._refuse(_FULL)
+            last.displaced = True
+            if last.future is not None and not last.future.done():
+                last.future.set_result(None)
         queue.push(waiter)
-        if ready and not self._granted:
-            self.release()  # there is room: the queue moves, in its order
+        if ready and self._granted < self._free(ready):
+            # Room no granted waiter will take (e.g. two slots freed while one request waited):
+            # the queue moves, in its order, rather than at the next re-check.
+            self.release()
         start = self._clock()
         deadline = start + self._config.queue_timeout_s
         loop = asyncio.get_running_loop()
@@ -136,6 +158,8 @@ class Admission:
                             await future
                     except TimeoutError:
                         pass
+                if waiter.displaced:
+                    raise self._refuse(_FULL)
                 current = candidates()
                 ready = self.with_room(current)
                 if waiter.granted:
@@ -150,7 +174,7 @@ class Admission:
                 elif not current:
                     queue.remove(waiter)
                     return [], self._clock() - start
-                elif ready and not self._granted:
+                elif ready and self._granted < self._free(ready):
                     # Room that no freed slot announced (polled load fell, a worker came back).
                     self.release()
                     continue

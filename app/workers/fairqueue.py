@@ -10,7 +10,8 @@ waiting share freed slots in proportion to their weights (3 : 1 for weights 3 an
 that was not waiting is served at the next freed slot, not behind another key's backlog. Equal
 tags go to the lane with fewer waiters, then to the one that started waiting first.
 
-Costs: enqueue and removal O(1) (a removed waiter is skipped when its lane reaches it), serving
+Costs: enqueue and removal O(1) (a removed waiter is skipped when its lane reaches it, or
+dropped once they outnumber the lane's live ones: amortised O(1)), serving
 O(keys waiting in the class). Nothing is allocated per request but a lane when its key starts
 waiting.
 """
@@ -24,7 +25,7 @@ import collections
 class Waiter:
     """One request waiting for a slot (``Admission`` owns its life)."""
 
-    __slots__ = ("future", "granted", "hops", "key", "lane", "level", "weight")
+    __slots__ = ("displaced", "future", "granted", "hops", "key", "lane", "level", "weight")
 
     def __init__(self, key: str | None, weight: float, level: int) -> None:
         self.key = key
@@ -34,6 +35,7 @@ class Waiter:
         self.future: asyncio.Future[None] | None = None  # resolved when granted a slot
         self.granted = False
         self.hops = 0  # waiters this wake-up was passed through before it reached this one
+        self.displaced = False  # a full queue gave its place to a waiter served before it
 
 
 class _Lane:
@@ -93,6 +95,32 @@ class FairQueue:
             lanes = self._classes[waiter.level].lanes
             if lanes.get(waiter.key) is lane:
                 del lanes[waiter.key]
+        elif len(lane.waiters) > 2 * lane.live + 16:
+            # A lane that is not served (a higher class takes every slot) while its waiters come
+            # and go: drop the ones that left, or they would pile up for as long as it waits.
+            lane.waiters = collections.deque(w for w in lane.waiters if w.lane is lane)
+
+    def displace(self, newcomer: Waiter) -> Waiter | None:
+        """With the queue full: take out and return the waiter that would be served last, when
+        ``newcomer`` would be served before it (a higher class, or an earlier tag in the same
+        class: another key than the one holding the queue); else None. So one key's burst that
+        fills the queue cannot shut the other keys out."""
+        level = next((n for n, cls in enumerate(self._classes) if cls.lanes), None)
+        if level is None or level > newcomer.level:
+            return None
+        low = self._classes[level]
+        last = max(low.lanes.values(), key=lambda lane: lane.start + (lane.live - 1) * lane.step)
+        if level == newcomer.level:
+            lane = low.lanes.get(newcomer.key)
+            if lane is None:
+                tag = max(low.vtime, low.finish.get(newcomer.key, 0.0))
+            else:
+                tag = lane.start + lane.live * lane.step
+            if tag >= last.start + (last.live - 1) * last.step:
+                return None
+        victim = next(w for w in reversed(last.waiters) if w.lane is last)
+        self.remove(victim)
+        return victim
 
     def pop(self) -> Waiter | None:
         """The waiter to serve next (out of the queue), or None when nobody waits."""

@@ -474,6 +474,22 @@ def panels() -> list[dict[str, Any]]:
         ),
         w=8,
     )
+    g.add(
+        timeseries(
+            "Limit store errors/s",
+            "short",
+            [
+                target(
+                    f"sum by (limit) (rate({P}limit_store_errors_total{R}))",
+                    "{{limit}}",
+                )
+            ],
+            "Calls to the shared limit store (limits.redis_url) that failed, by limit: "
+            "requests (request rate and concurrency) or tokens (token quotas). Each one let a "
+            "request through unlimited (fail open). Should stay at 0.",
+        ),
+        w=8,
+    )
 
     g.row("Workers (SGLang's own metrics)")
     for title, metric, unit in (

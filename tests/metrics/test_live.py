@@ -367,7 +367,7 @@ def _row(board: dict[str, Any], title: str) -> list[dict[str, Any]]:
 
 def test_tenant_panels_show_the_configured_key_and_every_priority_class(live: Live) -> None:
     panels = {p["title"]: p for p in _row(json.loads(DASHBOARD.read_text()), "Tenants")}
-    assert len(panels) == 6
+    assert len(panels) == 7
     for title in ("Completion", "Prompt", "Reasoning"):
         [t] = panels[f"{title} tokens/s per key"]["targets"]
         keys = {r["metric"].get("key") for r in live.prom.query(_substitute(t["expr"]))}
@@ -383,6 +383,9 @@ def test_tenant_panels_show_the_configured_key_and_every_priority_class(live: Li
     [t] = panels["Usage log lines dropped/s"]["targets"]
     [dropped] = live.prom.query(_substitute(t["expr"]))
     assert float(dropped["value"][1]) == 0
+    [t] = panels["Limit store errors/s"]["targets"]
+    errors = {r["metric"]["limit"]: r["value"][1] for r in live.prom.query(_substitute(t["expr"]))}
+    assert errors == {"requests": "0", "tokens": "0"}  # pre-initialised, no Redis: no errors
 
 
 def test_a_dashboard_naming_a_missing_metric_fails(live: Live) -> None:

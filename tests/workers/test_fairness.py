@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 
 import pytest
 
@@ -191,13 +192,29 @@ async def test_the_wait_times_out_on_the_admission_clock() -> None:
     assert stack.admission.depth == 0
 
 
-async def test_a_full_queue_refuses_every_class() -> None:
+async def test_a_full_queue_refuses_a_class_that_would_be_served_last() -> None:
     stack = Stack(queue_size=2)
-    await stack.queue("low", tenant("evals"))
-    await stack.queue("low", tenant("evals"))
+    await stack.queue("normal", tenant("a"))
+    await stack.queue("normal", tenant("b"))
     with pytest.raises(ServiceUnavailable, match="queue is full"):
-        await stack.admission.admit(lambda: [stack.worker], tenant("search"))
+        await stack.admission.admit(lambda: [stack.worker], tenant("evals"))
     assert stack.admission.depth == 2
+    await stack.close()
+
+
+async def test_a_full_queue_makes_room_for_a_higher_class() -> None:
+    stack = Stack(queue_size=2)
+    await stack.queue("low 1", tenant("evals"))
+    await stack.queue("low 2", tenant("evals"))
+    await stack.queue("high", tenant("search"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert stack.admission.depth == 2
+    assert [task.done() for task in stack.tasks] == [False, True, False]  # the newest low left
+    with pytest.raises(ServiceUnavailable, match="queue is full"):
+        stack.tasks[1].result()
+    await stack.free_slots(2)
+    assert stack.served == ["high", "low 1"]
     await stack.close()
 
 
@@ -240,3 +257,67 @@ async def test_a_slot_nobody_can_use_passes_each_waiter_once_then_stops() -> Non
     stack.worker.in_flight = 0
     ready, waited = await stack.admission.admit(lambda: [stack.worker], tenant("a"))
     assert (ready, waited) == ([stack.worker], 0.0)
+
+
+async def test_a_newcomer_gets_a_second_free_slot_while_a_granted_waiter_takes_the_first() -> None:
+    admission = Admission(AdmissionConfig(per_worker_cap=2, queue_size=10, queue_timeout_s=30.0))
+    worker = Worker(url="http://10.0.0.1:30000", state=WorkerState.HEALTHY)
+    worker.in_flight = 2
+    served: list[str] = []
+
+    async def client(label: str, who: Tenant) -> None:
+        ready, _ = await admission.admit(lambda: [worker], who)
+        assert ready == [worker]
+        served.append(label)
+        worker.in_flight += 1  # in flight before its next await, as the proxy does
+
+    waiting = asyncio.create_task(client("waiter", tenant("a")))
+    await asyncio.sleep(0)
+    assert admission.depth == 1
+    # A request arrives in the same turn of the loop in which two requests end: one slot goes to
+    # the waiter, the other is free for the newcomer.
+    newcomer = asyncio.create_task(client("newcomer", tenant("b")))
+    worker.in_flight -= 2
+    admission.release()
+    admission.release()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sorted(served) == ["newcomer", "waiter"]  # nobody waits while a slot is free
+    assert admission.depth == 0
+    await asyncio.gather(waiting, newcomer)
+
+
+def test_waiters_that_leave_a_lane_never_served_are_not_kept() -> None:
+    queue = FairQueue(3)
+    queue.push(Waiter("search", 1.0, 2))  # a high class that holds every freed slot
+    queue.push(Waiter("evals", 1.0, 0))  # one low waiter stays queued throughout
+    for _ in range(20000):  # low requests keep arriving and timing out, never served
+        waiter = Waiter("evals", 1.0, 0)
+        queue.push(waiter)
+        queue.remove(waiter)
+    del waiter
+    gc.collect()
+    alive = sum(1 for obj in gc.get_objects() if isinstance(obj, Waiter))
+    assert queue.size == 2
+    assert alive < 100  # the ones that left are not held by the queue
+
+
+async def test_a_full_queue_held_by_one_key_still_lets_another_key_in() -> None:
+    stack = Stack(queue_size=4)
+    for _ in range(4):
+        await stack.queue("a", tenant("a"))  # one key's burst fills the queue
+    await stack.queue("b", tenant("b"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert stack.admission.depth == 4
+    # a's newest waiter gave b its place, and was refused as if it had come when the queue was full.
+    refused = [task for task in stack.tasks if task.done()]
+    assert len(refused) == 1 and stack.tasks.index(refused[0]) == 3
+    with pytest.raises(ServiceUnavailable, match="queue is full"):
+        refused[0].result()
+    # The same key cannot push out its own waiters: a full queue still refuses it.
+    with pytest.raises(ServiceUnavailable, match="queue is full"):
+        await stack.admission.admit(lambda: [stack.worker], tenant("a"))
+    await stack.free_slots(1)
+    assert stack.served == ["b"]  # not behind a's backlog
+    await stack.close()
