@@ -1,4 +1,5 @@
-"""``dflash-gateway bench seed|overhead|routing|fairness`` (also ``python -m loadtest ...``)."""
+"""``dflash-gateway bench seed|overhead|overhead-ab|routing|fairness`` (also
+``python -m loadtest ...``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    from loadtest import fairness, overhead, routing, seed
+    from loadtest import fairness, overhead, overhead_ab, routing, seed
 
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     seed.add_arguments(
@@ -23,6 +24,14 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
             "overhead",
             help="gateway CPU and latency overhead against direct and sglang-router",
             description=overhead.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    overhead_ab.add_arguments(
+        benches.add_parser(
+            "overhead-ab",
+            help="proxy CPU of gateway checkouts (and sglang-router) side by side, interleaved",
+            description=overhead_ab.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
@@ -67,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
         from loadtest import fairness
 
         return fairness.main(args)
+    if args.bench == "overhead-ab":
+        from loadtest import overhead_ab
+
+        return overhead_ab.main(args)
     from loadtest import overhead
 
     return overhead.main(args)

@@ -6,10 +6,11 @@ just to pass the bytes on. Once a stream's headers went out through ``send`` (so
 chunked framing and keeps its own bookkeeping right), the relay can instead frame and write each
 chunk from the upstream connection's read callback (``Http1Response.pump``): no task switch, no
 message, one ``transport.write``. The end of the body (``0\\r\\n\\r\\n``) and anything sent after it
-still go through ``send``.
+still go through ``send``. A whole (non-streamed) response may go out the same way, head and
+body in one write (``respond``).
 
 The gateway's server protocol (``app.server.guard``) offers this per request as the ASGI scope
-extension ``EXTENSION`` (implemented by ``app.server.uvicorn_adapter.ResponseLane``); under any
+extension ``EXTENSION`` (implemented by ``app.server.lane.ResponseLane``); under any
 other server (or an in-process test client) it is absent and the relay uses ``send``. It also
 tells the request when its client's connection is lost (``watch``), so the proxy's supervisor
 needs no task waiting on ``receive()`` for that, whether the client is behind (``behind``, whatever
@@ -33,6 +34,11 @@ class DirectBody(Protocol):
         already. ``unwatch`` cancels."""
 
     def unwatch(self) -> None: ...
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole response (``headers`` with its content-length) in one write where ``send``
+        would write the head and the body apart; False when ``send`` must do it (the response
+        began, the client is behind...)."""
 
     def ready(self) -> bool:
         """The response started with chunked framing and has not ended: writes may begin."""

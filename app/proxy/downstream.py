@@ -136,14 +136,20 @@ class Downstream:
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """A whole non-streamed response (``headers``: more response headers)."""
-        await self._start(
-            status,
-            [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or ()),
-            ],
-        )
+        head = [
+            (b"content-type", content_type),
+            (b"content-length", b"%d" % len(body)),
+            *(headers or ()),
+        ]
+        lane = self.direct_lane
+        if lane is not None and not self.started:
+            self.started = True
+            head.append((b"x-request-id", self._request_id))
+            if lane.respond(status, head, body):
+                return
+            await self._send({"type": "http.response.start", "status": status, "headers": head})
+        else:
+            await self._start(status, head)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def fail(self, error: GatewayError) -> None:

@@ -14,9 +14,11 @@ That is the OpenAI routes, whose observer is ``app.upstream.sse.SSEObserver``. A
 another API (``app.proxy.surface``) brings its own observer, chosen once per request: the
 Messages API's translates each worker event into Anthropic's (one orjson parse per event).
 
-A non-streamed response is parsed once (orjson) for its usage and each choice's ``meta_info``
-(the exact acceptance length, asked for by the gateway); ``meta_info`` is removed from the
-client's copy unless the client asked for it; another API's surface then translates the answer.
+A non-streamed response is read for its usage and each choice's ``meta_info`` (the exact
+acceptance length, asked for by the gateway) without building its document
+(``app.proxy.answer``); the ``meta_info`` members are cut out of the client's copy unless the
+client asked for them, the rest relayed byte for byte. Another API's surface, or an answer of
+another shape, is parsed whole (orjson) and the surface translates it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import orjson
 
 from app.errors import UpstreamBadResponse, UpstreamStreamBroken
+from app.proxy.answer import NotJSON, read_answer
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
@@ -33,6 +36,10 @@ from app.upstream.errors import TransportError
 from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
+
+
+def _not_json(attempt: Attempt) -> UpstreamBadResponse:
+    return UpstreamBadResponse(f"worker {attempt.worker.name} answered with no JSON object")
 
 
 def _response(attempt: Attempt) -> UpstreamResponse:
@@ -134,18 +141,29 @@ async def relay_whole(
         body = await response.aread(limit)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        doc = None
-    if not isinstance(doc, dict):
-        raise UpstreamBadResponse(f"worker {attempt.worker.name} answered with no JSON object")
-    headers: list[tuple[bytes, bytes]] = []
-    usage = parse_usage(doc)
     strip = not request.client_wants_meta_info
-    steps = take_meta_info(doc, strip=strip)
-    if strip and b'"meta_info"' in body:
-        body = orjson.dumps(doc)
+    read = None
+    if request.surface is None:
+        try:
+            read = read_answer(body, strip=strip)
+        except NotJSON:
+            raise _not_json(attempt) from None
+    if read is not None:
+        usage, steps, body = read
+    else:  # another shape than SGLang's, or another API's surface: the whole document
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise _not_json(attempt)
+        usage = parse_usage(doc)
+        steps = take_meta_info(doc, strip=strip)
+        if strip and b'"meta_info"' in body:
+            body = orjson.dumps(doc)
+        if request.surface is not None:
+            body = request.surface.whole(doc, request)
+    headers: list[tuple[bytes, bytes]] = []
     if usage is not None and steps is not None:
         usage.verify_steps, usage.exact = steps, True
         length = usage.accept_length
@@ -153,6 +171,4 @@ async def relay_whole(
             headers.append((ACCEPT_LENGTH_HEADER, f"{length:.4f}".encode()))
     if usage is not None:
         attempt.tally.usage = usage
-    if request.surface is not None:
-        body = request.surface.whole(doc, request)
     await down.complete(response.status_code, body, b"application/json", headers)

@@ -53,7 +53,8 @@ from app.errors import (
     ServiceUnavailable,
 )
 from app.proxy.direct import EXTENSION
-from app.server.uvicorn_adapter import HttpConnection, ResponseLane
+from app.server.lane import ResponseLane
+from app.server.uvicorn_adapter import HttpConnection
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 uvicorn's httptools protocol and its per-request ``RequestResponseCycle`` are not public API: their
 attributes (``cycle.response_started``, ``flow.write_paused``, ``server_state.connections``...)
-may change in any release. This module is the only one that touches them; the versions it was
+may change in any release. This module (and ``app.server.lane``, one request's response written
+past ``send``) is the only one that touches them; the versions it was
 checked against are pinned in ``pyproject.toml`` and ``tests/server/test_uvicorn_contract.py``
 names any attribute a new release lacks.
 
@@ -17,118 +18,30 @@ counted as bytes arrive: the same whether the head comes in one read or many. (A
 in the read that ended the request before it, when pipelined, is counted from its parsed parts in
 that read: where exactly it began there is not known.)
 
-``ResponseLane`` is one request's chunked body writes straight to the transport
-(``app.proxy.direct.DirectBody``). ``Server`` is ``uvicorn.Server`` with its signal handling
-open to a subclass (``intercept``) or left to another server in the same loop
-(``owns_signals = False``).
+``ResponseLane`` (``app.server.lane``) is one request's chunked body writes, or its whole
+response, straight to the transport (``app.proxy.direct.DirectBody``). ``Server`` is
+``uvicorn.Server`` with its signal handling open to a subclass (``intercept``) or left to another
+server in the same loop (``owns_signals = False``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.server.lane import ResponseLane
 
 # After a refusal the connection is half-closed and what the client still sends is read and
 # dropped for a moment, so the kernel does not answer it with a reset that destroys the refusal
 # before the client reads it; then (or past this many dropped bytes) it is closed.
 LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
-
-
-class ResponseLane:
-    """Chunked body writes on one request's connection (``cycle``: uvicorn's request cycle)."""
-
-    __slots__ = ("_cycle", "_flow", "_on_gone", "_stopped", "_transport")
-
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
-        self._transport = cycle.transport
-        self._flow = cycle.flow
-        self._on_gone: Callable[[], None] | None = None
-        self._stopped = False
-
-    def stopped(self) -> bool:
-        """The server answered this request itself (``HttpConnection.stop_request``): its
-        application sees a disconnect and must neither answer nor record it."""
-        return self._stopped
-
-    def serves(self, cycle: RequestResponseCycle | None) -> bool:
-        return self._cycle is cycle
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._cycle.disconnected = True
-        self._cycle.message_event.set()
-
-    def watch(self, on_gone: Callable[[], None]) -> None:
-        """Call ``on_gone`` (once) when the client's connection is lost: what a pending ASGI
-        ``receive()`` would report as ``http.disconnect``, without a task waiting on it. At once
-        if it is lost already; ``unwatch`` cancels."""
-        if self._cycle.disconnected:
-            on_gone()
-        else:
-            self._on_gone = on_gone
-
-    def unwatch(self) -> None:
-        self._on_gone = None
-
-    def gone(self) -> None:
-        """The server protocol's report: the connection was lost."""
-        on_gone, self._on_gone = self._on_gone, None
-        if on_gone is not None:
-            on_gone()
-
-    def ready(self) -> bool:
-        """The response started with chunked framing and has not ended: writes may begin."""
-        cycle = self._cycle
-        return bool(
-            cycle.response_started
-            and cycle.chunked_encoding
-            and not cycle.response_complete
-            and cycle.scope["method"] != "HEAD"
-        )
-
-    def complete(self) -> bool:
-        return bool(self._cycle.response_complete)
-
-    def write(self, data: bytes) -> bool:
-        """Write one body chunk. Returns True when the client is behind (the connection's write
-        buffer is over its high-water mark): produce nothing more until ``drain()``. Bytes for a
-        client that has gone are dropped, as ``send`` drops them."""
-        transport = self._transport
-        if self._cycle.disconnected or transport.is_closing():
-            return False
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        return self._flow.write_paused
-
-    async def drain(self) -> None:
-        """Until the client has caught up (at once if it has gone)."""
-        if self._flow.write_paused and not self._cycle.disconnected:
-            await self._flow.drain()
-
-    def behind(self) -> bool:
-        """The connection's write buffer is over its high-water mark (``send`` would wait)."""
-        return bool(self._flow.write_paused and not self._cycle.disconnected)
-
-    def pending(self) -> int:
-        transport = self._transport
-        return 0 if transport.is_closing() else transport.get_write_buffer_size()
-
-    def close(self) -> None:
-        """Hang up at once (a reset: what the client has not taken is dropped). The request's
-        ``receive`` reports a disconnect and its sends are dropped from now on."""
-        cycle = self._cycle
-        cycle.keep_alive = False
-        if not cycle.response_complete:
-            cycle.disconnected = True
-            cycle.message_event.set()
-        self._transport.abort()
 
 
 class HttpConnection(HttpToolsProtocol):

@@ -4,8 +4,6 @@ and the capacity it reports."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -141,23 +139,38 @@ class Worker:
         """What load-aware policies compare: our in-flight requests, then the worker's queue."""
         return self.in_flight + self.load.waiting + self.load.token_usage
 
-    @contextmanager
-    def attempt_guard(self) -> Iterator[Verdict]:
+    def attempt_guard(self) -> AttemptGuard:
         """One upstream attempt on this worker: counted in flight for the block, whatever happens,
         and exactly one verdict for the circuit breaker when it ends (see ``Verdict``)."""
-        self.in_flight += 1
-        self.breaker.on_attempt()
-        verdict = Verdict()
-        try:
-            yield verdict
-        finally:
-            self.in_flight -= 1
-            if verdict.fault is None:
-                self.breaker.on_released()
-            elif verdict.fault:
-                self.breaker.on_failure()
-            else:
-                self.breaker.on_success()
+        return AttemptGuard(self)
+
+
+class AttemptGuard:
+    """``Worker.attempt_guard``'s block (a plain context manager: one per upstream attempt)."""
+
+    __slots__ = ("_verdict", "_worker")
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._verdict: Verdict | None = None
+
+    def __enter__(self) -> Verdict:
+        worker = self._worker
+        worker.in_flight += 1
+        worker.breaker.on_attempt()
+        verdict = self._verdict = Verdict()
+        return verdict
+
+    def __exit__(self, *exc: object) -> None:
+        worker, verdict = self._worker, self._verdict
+        assert verdict is not None
+        worker.in_flight -= 1
+        if verdict.fault is None:
+            worker.breaker.on_released()
+        elif verdict.fault:
+            worker.breaker.on_failure()
+        else:
+            worker.breaker.on_success()
 
 
 class Verdict:

@@ -124,6 +124,29 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")
 
 
+def test_overhead_ab_bench_measures_each_checkout_in_interleaved_blocks() -> None:
+    result = _bench(
+        "overhead-ab",
+        "--trees",
+        ".,.:1",
+        "--scenario",
+        "stream_saturation",
+        "--block",
+        "8",
+        "--blocks",
+        "2",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "32",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith(".")]
+    assert len(rows) == 2  # one line per proxy: CPU, median, failures, TTFT, two blocks
+    assert all(row[3] == "0" and len(row) == 7 for row in rows)
+    assert "stream_saturation: proxy CPU seconds per 1,000 relayed chunks" in result.stdout
+
+
 def test_routing_bench_runs_each_policy_on_a_fleet_and_writes_json_and_png(
     tmp_path: Path,
 ) -> None:

@@ -137,6 +137,39 @@ def test_a_pipelined_refusal_follows_the_stream_ahead_of_it(gw: ManagedProcess) 
     assert _status(after) == 431
 
 
+def _responses(raw: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
+    """Whole responses with a content-length, one after the other: status, headers, body."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        headers = dict(line.lower().split(b": ", 1) for line in lines[1:])
+        length = int(headers[b"content-length"])
+        out.append((_status(head), headers, rest[:length]))
+        raw = rest[length:]
+    return out
+
+
+def test_whole_answers_keep_their_order_and_the_connection(gw: ManagedProcess) -> None:
+    """Non-streamed answers, pipelined on one connection: each whole and in order, the
+    connection kept until the client's ``Connection: close``."""
+    body = orjson.dumps(chat())
+    ids = [b"whole-1", b"whole-2", b"whole-3"]
+    heads = [_head(CHAT, len(body), b"X-Request-Id: %s\r\n" % i) for i in ids[:2]]
+    heads.append(_head(CHAT, len(body), b"X-Request-Id: whole-3\r\nConnection: close\r\n"))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=60) as sock:
+        sock.sendall(b"".join(head + body for head in heads))
+        answers = _responses(_read_all(sock))  # to the end: the gateway closes after the third
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert [headers[b"x-request-id"] for _, headers, _ in answers] == ids
+    assert [headers.get(b"connection") for _, headers, _ in answers] == [None, None, b"close"]
+    for _, headers, text in answers:
+        assert headers[b"content-type"] == b"application/json"
+        doc = orjson.loads(text)
+        assert doc["usage"]["completion_tokens"] == 16
+        assert "meta_info" not in doc["choices"][0]
+
+
 # One slow body: one answer, one access line, one count
 
 

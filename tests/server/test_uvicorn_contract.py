@@ -1,5 +1,6 @@
 """What the gateway takes from uvicorn beyond its public API (``app/server/uvicorn_adapter.py``,
-``app/server/run.py``, ``app/server/metricsport.py``) is still there, by name.
+``app/server/lane.py``, ``app/server/run.py``, ``app/server/metricsport.py``) is still there, by
+name.
 
 A uvicorn release that renames one of these fails here, naming it, instead of failing in
 production under load. pyproject.toml pins uvicorn to the versions in ``CHECKED``: to admit a new
@@ -99,8 +100,15 @@ def test_the_protocol_and_request_cycle_have_what_the_adapter_uses() -> None:
         "response_complete",
         "chunked_encoding",
         "message_event",
+        # ResponseLane.respond: a whole response written as ``send`` would
+        "access_log",
+        "default_headers",
+        "waiting_for_100_continue",
+        "expected_content_length",
+        "on_response",
     ]
     _require(cycle, fields, "a RequestResponseCycle")
+    _require(httptools_impl, ["STATUS_LINE"], "httptools_impl")
     _require(flow_control.FlowControl, ["drain", "pause_reading", "resume_reading"], "FlowControl")
     flow = flow_control.FlowControl(None)  # type: ignore[arg-type]
     _require(flow, ["write_paused"], "a FlowControl instance")
