@@ -145,6 +145,7 @@ class Downstream:
         if lane is not None and not self.started:
             self.started = True
             head.append((b"x-request-id", self._request_id))
+            head += self._headers
             if lane.respond(status, head, body):
                 return
             await self._send({"type": "http.response.start", "status": status, "headers": head})
