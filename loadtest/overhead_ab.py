@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("stream_saturation", "stream_paced", "non_stream"),
     )
     p.add_argument("--block", type=int, default=400, help="requests per block")
+    p.add_argument(
+        "--api-key",
+        metavar="NAME:KEY",
+        help="configure this one API key on every gateway and send it (the tenant path)",
+    )
     p.add_argument("--blocks", type=int, default=6, help="blocks per proxy")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per replayed response")
     p.add_argument("--concurrency", type=int, default=32)
@@ -91,6 +96,7 @@ def _start(
             env={
                 "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
                 "DFLASH_GATEWAY_LOG_LEVEL": "warning",
+                **({"DFLASH_GATEWAY_API_KEYS": args.api_key} if args.api_key else {}),
             },
         )
     if args.router:
@@ -112,7 +118,7 @@ async def measure(args: argparse.Namespace, procs: ProcessManager) -> dict[str, 
     proxies = _start(procs, args, emulator)
     warm = _scenario(args, args.concurrency * 4)
     for proxy in proxies.values():
-        await overhead.drive(proxy.url, warm, MODEL, args.max_tokens)
+        await overhead.drive(proxy.url, warm, MODEL, args.max_tokens, api_key=args.api_key)
     block = _scenario(args, args.block)
     tallies = {name: Tally() for name in proxies}
     for index in range(args.blocks):
@@ -120,7 +126,9 @@ async def measure(args: argparse.Namespace, procs: ProcessManager) -> dict[str, 
         for name in order:
             proxy = proxies[name]
             before = overhead.process_tree_cpu(proxy.pid)
-            result = await overhead.drive(proxy.url, block, MODEL, args.max_tokens)
+            result = await overhead.drive(
+                proxy.url, block, MODEL, args.max_tokens, api_key=args.api_key
+            )
             cpu = overhead.process_tree_cpu(proxy.pid) - before
             tally = tallies[name]
             tally.cpu_s += cpu
