@@ -220,6 +220,16 @@ return 1
 """
 
 
+def redis_store(url: str, timeout_s: float) -> tuple[Any, tuple[type[Exception], ...]]:
+    """A Redis client (imported only when a limit store is configured) whose every call is
+    bounded by ``timeout_s``, and the errors its calls raise when the store is unavailable."""
+    import redis.asyncio as redis
+    from redis.exceptions import RedisError
+
+    client = redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    return client, (RedisError, OSError)
+
+
 class RedisLimiter:
     """Limits shared by every gateway replica through one Redis. A replica that dies holding
     concurrency slots leaks them only until the counter's TTL (``lease_ttl_s``) expires. Every
@@ -236,13 +246,7 @@ class RedisLimiter:
         timeout_s: float = 0.5,
         errors: StoreErrors | None = None,
     ) -> None:
-        import redis.asyncio as redis
-        from redis.exceptions import RedisError
-
-        self._redis: Any = redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        self._errors = (RedisError, OSError)
+        self._redis, self._errors = redis_store(url, timeout_s)
         self._report = errors or StoreErrors("rate-limit")
         self._limits = limits
         self._prefix = prefix

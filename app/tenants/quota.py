@@ -27,10 +27,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from app.config import LimitsConfig
-from app.limits import StoreErrors
+from app.limits import StoreErrors, redis_store
 from app.proxy.request import Route
 from app.tenants.config import TenantPolicy, TenantsConfig
 from app.tenants.headers import Budget, duration
@@ -263,13 +263,7 @@ class RedisStore:
         timeout_s: float = 0.5,
         errors: StoreErrors | None = None,
     ) -> None:
-        import redis.asyncio as redis
-        from redis.exceptions import RedisError
-
-        self._redis: Any = redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        self._errors = (RedisError, OSError)
+        self._redis, self._errors = redis_store(url, timeout_s)
         self._report = errors or StoreErrors("token-quota")
         self._prefix = prefix
         self._script = self._redis.register_script(_COUNTS_LUA)
