@@ -367,14 +367,15 @@ def table(measurements: Sequence[Measurement]) -> str:
         "(non-streaming); vs router = that figure / sglang-router's (lower is better)"
     )
     for name, times in messages_vs_chat(measurements).items():
-        lines.append(f"{name}: /v1/messages CPU per chunk = {times:.2f}x /v1/chat/completions")
+        figure = "n/a (under the CPU clock's 10 ms tick)" if times is None else f"{times:.2f}x"
+        lines.append(f"{name}: /v1/messages CPU per chunk = {figure} /v1/chat/completions")
     return "\n".join(lines)
 
 
-def messages_vs_chat(measurements: Sequence[Measurement]) -> dict[str, float]:
+def messages_vs_chat(measurements: Sequence[Measurement]) -> dict[str, float | None]:
     """Per streaming scenario: the gateway's CPU per chunk on /v1/messages over the same figure
-    on /v1/chat/completions."""
-    out: dict[str, float] = {}
+    on /v1/chat/completions (None when either is too small to measure)."""
+    out: dict[str, float | None] = {}
     for m in measurements:
         if m.target != GATEWAY_MESSAGES:
             continue
@@ -382,8 +383,7 @@ def messages_vs_chat(measurements: Sequence[Measurement]) -> dict[str, float]:
             (c for c in measurements if c.scenario == m.scenario and c.target == GATEWAY), None
         )
         mine, theirs = m.cpu_per_1000(), chat.cpu_per_1000() if chat is not None else None
-        if mine is not None and theirs:
-            out[m.scenario] = mine / theirs
+        out[m.scenario] = mine / theirs if mine is not None and theirs else None
     return out
 
 
