@@ -30,9 +30,10 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -40,6 +41,7 @@ import orjson
 from loadtest.processes import PYTHON, ManagedProcess, ProcessManager, free_port
 from loadtest.stats import percentile
 
+T = TypeVar("T")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
@@ -388,17 +390,7 @@ def messages_vs_chat(measurements: Sequence[Measurement]) -> dict[str, float | N
 
 
 def main(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="dflash-overhead-") as tmp:
-        procs = ProcessManager(Path(tmp))
-        try:
-            with _affinity(args.load_cpu):
-                measurements = asyncio.run(measure_all(args, procs))
-        except Exception:
-            for chunk in procs.dump_logs():
-                print(chunk, file=sys.stderr)
-            raise
-        finally:
-            procs.stop_all()
+    measurements = run_measured(args.load_cpu, "dflash-overhead-", measure_all, args)
     print(table(measurements))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_bytes(
@@ -417,6 +409,27 @@ def main(args: argparse.Namespace) -> int:
         )
     )
     return 0 if all(m.failed == 0 for m in measurements) else 1
+
+
+def run_measured(
+    load_cpu: int,
+    prefix: str,
+    measure: Callable[[argparse.Namespace, ProcessManager], Coroutine[Any, Any, T]],
+    args: argparse.Namespace,
+) -> T:
+    """``measure(args, procs)`` with this process pinned to ``load_cpu``, every process it started
+    stopped afterwards, and their logs printed to stderr when it fails."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        procs = ProcessManager(Path(tmp))
+        try:
+            with _affinity(load_cpu):
+                return asyncio.run(measure(args, procs))
+        except Exception:
+            for chunk in procs.dump_logs():
+                print(chunk, file=sys.stderr)
+            raise
+        finally:
+            procs.stop_all()
 
 
 class _affinity:

@@ -19,10 +19,7 @@ branch, with the router)::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,16 +154,6 @@ def table(args: argparse.Namespace, tallies: dict[str, Tally]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="dflash-overhead-ab-") as tmp:
-        procs = ProcessManager(Path(tmp))
-        try:
-            with overhead._affinity(args.load_cpu):
-                tallies = asyncio.run(measure(args, procs))
-        except Exception:
-            for chunk in procs.dump_logs():
-                print(chunk, file=sys.stderr)
-            raise
-        finally:
-            procs.stop_all()
+    tallies = overhead.run_measured(args.load_cpu, "dflash-overhead-ab-", measure, args)
     print(table(args, tallies))
     return 1 if any(t.failed for t in tallies.values()) else 0
