@@ -67,23 +67,22 @@ class Admission:
         override, else what it reports."""
         return self._config.per_worker_cap or worker.capacity
 
-    def has_room(self, worker: Worker) -> bool:
+    def room(self, worker: Worker) -> int:
+        """Requests ``worker`` may take now: what this process's share of its cap leaves, and
+        what its cap leaves of its polled ``running + waiting`` corrected by this process's
+        requests since that poll (``Worker.busy``), whichever is less."""
         cap = self.cap(worker)
-        local = -(-cap // self._processes)  # ceil
-        # ``Worker.busy`` inlined (the max() with in_flight is implied by the first test).
         in_flight, load = worker.in_flight, worker.load
+        local = -(-cap // self._processes) - in_flight  # ceil(cap / processes) - in flight
         polled = load.running + load.waiting
-        return in_flight < local and polled + in_flight - worker.in_flight_at_load < cap
+        return min(local, cap - polled - in_flight + worker.in_flight_at_load)
+
+    def has_room(self, worker: Worker) -> bool:
+        return self.room(worker) > 0
 
     def _free(self, workers: Sequence[Worker]) -> int:
         """Requests ``workers`` (each with room) may take now, together."""
-        free = 0
-        for worker in workers:
-            cap = self.cap(worker)
-            local = -(-cap // self._processes) - worker.in_flight
-            busy = worker.load.running + worker.load.waiting
-            free += min(local, cap - busy - worker.in_flight + worker.in_flight_at_load)
-        return free
+        return sum(self.room(worker) for worker in workers)
 
     def with_room(self, workers: Sequence[Worker]) -> list[Worker]:
         """The workers that may take a request now. With ``deweight_collapsed``, a worker flagged
