@@ -11,7 +11,9 @@ one at a time. Per proxy and scenario:
   processes) per 1,000 relayed chunks or per 1,000 non-streaming requests — the stable figure on
   shared machines, where wall-clock numbers drift.
 
-Scenarios: streaming at saturation, streaming paced (10 ms per chunk, C=32), non-streaming.
+Scenarios: streaming at saturation, streaming paced (10 ms per chunk, C=32), a fleet's fan-in
+(``stream_fanin``: C=800 streams paced at 80 ms per chunk, about what one gateway replica sees in
+front of a fleet of DFLASH workers), non-streaming.
 
 Streaming scenarios also run Anthropic's Messages API through the same gateway process (target
 ``gateway-messages``: ``POST /v1/messages``, each worker chunk translated into Anthropic's
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -88,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paced-requests", type=int, default=320)
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per replayed response")
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--fanin-concurrency", type=int, default=800, help="streams held open (fan-in)")
+    p.add_argument("--fanin-requests", type=int, default=1600, help="streams per stream_fanin run")
     p.add_argument("--proxy-cpu", type=int, default=0, help="CPU the proxy is pinned to")
     p.add_argument("--load-cpu", type=int, default=1, help="CPU for emulator and load generator")
     p.add_argument("--skip-router", action="store_true", help="do not run sglang-router")
@@ -98,21 +103,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="configure this one API key on the gateway and send it (the tenant path: key, "
         "limits, tenant policy); sglang-router gets the header too and ignores it",
     )
-    p.add_argument("--scenarios", default="stream_saturation,stream_paced,non_stream")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--out", type=Path, default=Path("bench-results"))
 
 
+SCENARIOS = ("stream_saturation", "stream_paced", "stream_fanin", "non_stream")
+
+
+def scenario(args: argparse.Namespace, name: str, requests: int | None = None) -> Scenario:
+    """The scenario ``name`` (one of ``SCENARIOS``) with the run's sizes; ``requests`` overrides
+    how many requests it sends."""
+    if name == "stream_saturation":
+        return Scenario(name, True, args.concurrency * 2, requests or args.requests, 0.0)
+    if name == "stream_paced":
+        return Scenario(name, True, args.concurrency, requests or args.paced_requests, 0.010)
+    if name == "stream_fanin":
+        return Scenario(name, True, args.fanin_concurrency, requests or args.fanin_requests, 0.080)
+    if name == "non_stream":
+        return Scenario(name, False, args.concurrency, requests or args.requests, 0.0)
+    raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
+
+
 def scenarios(args: argparse.Namespace) -> list[Scenario]:
-    table = {
-        "stream_saturation": Scenario(
-            "stream_saturation", True, args.concurrency * 2, args.requests, 0.0
-        ),
-        "stream_paced": Scenario(
-            "stream_paced", True, args.concurrency, args.paced_requests, 0.010
-        ),
-        "non_stream": Scenario("non_stream", False, args.concurrency, args.requests, 0.0),
-    }
-    return [table[name.strip()] for name in args.scenarios.split(",") if name.strip()]
+    return [scenario(args, name.strip()) for name in args.scenarios.split(",") if name.strip()]
 
 
 def process_tree_cpu(pid: int) -> float:
@@ -419,6 +432,7 @@ def run_measured(
 ) -> T:
     """``measure(args, procs)`` with this process pinned to ``load_cpu``, every process it started
     stopped afterwards, and their logs printed to stderr when it fails."""
+    _raise_open_files()
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         procs = ProcessManager(Path(tmp))
         try:
@@ -430,6 +444,15 @@ def run_measured(
             raise
         finally:
             procs.stop_all()
+
+
+def _raise_open_files() -> None:
+    """The fan-in scenario holds 800 client connections and as many upstream ones: lift this
+    process's soft limit on open files (the processes it starts inherit it) to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 16384 if hard == resource.RLIM_INFINITY else min(hard, 16384)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 class _affinity:

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scenario",
         default="non_stream",
-        choices=("stream_saturation", "stream_paced", "non_stream"),
+        choices=overhead.SCENARIOS,
     )
     p.add_argument("--block", type=int, default=400, help="requests per block")
     p.add_argument(
@@ -60,17 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=6, help="blocks per proxy")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per replayed response")
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--fanin-concurrency", type=int, default=800, help="streams held open (fan-in)")
     p.add_argument("--proxy-cpu", type=int, default=0, help="CPU the proxies are pinned to")
     p.add_argument("--load-cpu", type=int, default=1, help="CPU for emulator and load generator")
 
 
 def _scenario(args: argparse.Namespace, requests: int) -> overhead.Scenario:
-    name = args.scenario
-    if name == "stream_saturation":
-        return overhead.Scenario(name, True, args.concurrency * 2, requests, 0.0)
-    if name == "stream_paced":
-        return overhead.Scenario(name, True, args.concurrency, requests, 0.010)
-    return overhead.Scenario(name, False, args.concurrency, requests, 0.0)
+    return overhead.scenario(args, args.scenario, requests)
 
 
 def _start(

@@ -106,6 +106,10 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
         "8",
         "--concurrency",
         "4",
+        "--fanin-concurrency",
+        "8",
+        "--fanin-requests",
+        "8",
         "--max-tokens",
         "32",
         "--out",
@@ -113,7 +117,7 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    for scenario in ("stream_saturation", "stream_paced", "non_stream"):
+    for scenario in ("stream_saturation", "stream_paced", "stream_fanin", "non_stream"):
         targets = {line.split()[1] for line in lines if line.split()[:1] == [scenario]}
         messages = {"gateway-messages"} if scenario.startswith("stream") else set()
         assert targets == {"direct", "dflash-gateway", *messages}
