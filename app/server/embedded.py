@@ -132,6 +132,7 @@ class EmbeddedWorkers:
             try:
                 child.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.warning("emulated worker %s still running; killing it", child.url)
                 child.popen.kill()
                 child.popen.wait()
         self._children.clear()

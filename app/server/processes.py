@@ -11,8 +11,11 @@ prometheus_client is imported; every process writes its own files there and ``/m
 of them merges all (``app.metrics``). The parent marks a dead process's live gauges dead.
 
 Signals: the processes live in their own process groups, so a terminal's Ctrl-C or a
-``kill`` of the parent's group reaches the parent only, which passes one SIGTERM to each (the
-graceful drain of ``app.server.DrainingServer``); a second signal forces them to stop at once.
+``kill`` of the parent's group reaches the parent only, which passes the signal it got to each:
+SIGTERM starts the graceful drain of ``app.server.DrainingServer`` (the accept window, then the
+in-flight streams), Ctrl-C (SIGINT) stops them at once as it stops a single process (in-flight
+streams still get up to ``drain_s``); a second signal forces them to stop. SIGINT/SIGTERM are
+held back while a process is forked, so each one forked is known and signalled.
 If the parent dies, the kernel sends them SIGTERM (``PR_SET_PDEATHSIG``). A process that exits
 on its own is started again, after a back-off that grows while it keeps dying young.
 """
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.2
 _YOUNG_S = 10.0  # a process that dies younger than this backs off before its restart
 _MAX_BACKOFF_S = 30.0
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 @dataclass(slots=True)
@@ -76,32 +80,49 @@ class ProcessGroup:
 
     def _fork(self, index: int, failures: int = 0) -> None:
         parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the gateway process: never returns into the parent's code
-            code = 0
-            try:
-                _die_with_parent(parent)
-                self._target(index)
-            except KeyboardInterrupt:
-                pass
-            except BaseException:
-                log.exception("gateway process %d failed", index)
-                code = 1
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(code)
-        self._processes[pid] = _Process(index, pid, time.monotonic(), failures)
+        # A stop signal arriving now is taken once the new process is in ``_processes``.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:  # the gateway process: never returns into the parent's code
+                code = 0
+                try:
+                    _die_with_parent(parent)
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                    self._target(index)
+                except KeyboardInterrupt:
+                    pass
+                except BaseException:
+                    log.exception("gateway process %d failed", index)
+                    code = 1
+                finally:
+                    with contextlib.suppress(Exception):
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                    os._exit(code)
+            self._processes[pid] = _Process(index, pid, time.monotonic(), failures)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def run(self) -> None:
-        """Start the processes and supervise them until a signal ends this one (Ctrl-C/SIGTERM
-        arrive here as ``KeyboardInterrupt``); then stop them gracefully and return."""
-        for index in range(self._count):
-            self._fork(index)
-        with contextlib.suppress(KeyboardInterrupt):
-            self._supervise()
-        self.stop()
+        """Start the processes and supervise them until Ctrl-C or SIGTERM ends this one; then
+        pass that signal on (``stop``) and return once they are gone."""
+        received: list[int] = []
+
+        def interrupt(signum: int, frame: object) -> None:
+            received.append(signum)
+            raise KeyboardInterrupt
+
+        previous = {sig: signal.signal(sig, interrupt) for sig in _STOP_SIGNALS}
+        try:
+            with contextlib.suppress(KeyboardInterrupt):
+                for index in range(self._count):
+                    self._fork(index)
+                self._supervise()
+            self.stop(received[0] if received else signal.SIGTERM)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _supervise(self) -> None:
         restarts: list[tuple[float, int, int]] = []  # (when, index, failures)
@@ -129,10 +150,11 @@ class ProcessGroup:
                 self._fork(entry[1], entry[2])
             time.sleep(_POLL_S)
 
-    def stop(self) -> None:
-        """SIGTERM each process once (graceful drain), wait up to ``stop_timeout_s``; a second
-        Ctrl-C/SIGTERM meanwhile forces them to stop (SIGINT), and past the time, SIGKILL."""
-        self._signal_all(signal.SIGTERM)
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` to each process once (SIGTERM: the graceful drain; SIGINT: stop now), wait
+        up to ``stop_timeout_s``; a second Ctrl-C/SIGTERM meanwhile forces them to stop
+        (SIGINT), and past the time, SIGKILL."""
+        self._signal_all(sig)
         deadline = time.monotonic() + self._stop_timeout_s
         forced = False
         while self._processes:

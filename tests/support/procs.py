@@ -21,9 +21,26 @@ __all__ = [
     "ManagedProcess",
     "ProcessManager",
     "ProcessStartError",
+    "children",
     "free_port",
     "managed_processes",
 ]
+
+
+def children(pid: int) -> dict[int, str]:
+    """``pid``'s child processes: pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            found[int(entry.name)] = cmdline
+    return found
 
 
 @contextlib.contextmanager
