@@ -72,9 +72,9 @@ class GatewayApp:
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if self._lane and scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
-            route = ingress.ROUTES.get(path)
-            if route is not None:
-                await ingress.serve(self._gateway, route, scope, receive, send)
+            entry = ingress.ENTRIES_BY_PATH.get(path)
+            if entry is not None:
+                await ingress.serve_entry(self._gateway, entry, scope, receive, send)
                 return
             if path in anthropic_serve.ROUTES:
                 await anthropic_serve.serve(self._gateway, path, scope, receive, send)

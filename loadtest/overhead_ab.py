@@ -14,6 +14,10 @@ and the median block, each block's figure, failures and TTFT p50. Example (main 
 branch, with the router)::
 
     python -m loadtest overhead-ab --trees ../main,. --router --scenario non_stream
+
+``--floor`` adds the two reference relays of ``loadtest.floor`` (uvloop + httptools alone, and
+uvicorn with a bare ASGI app, both on the gateway's upstream client): what relaying costs on
+this stack before any of the gateway's features.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from loadtest.stats import percentile
 
 MODEL = "moonshotai/Kimi-K2.5"
 ROUTER = "sglang-router"
+FLOORS = ("protocol", "asgi")  # loadtest.floor's reference relays
 
 
 @dataclass
@@ -46,6 +51,11 @@ class Tally:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trees", default=".", help="gateway checkouts, comma-separated: PATH[:N]")
     p.add_argument("--router", action="store_true", help="also sglang-router")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the two reference relays of loadtest.floor (the stack with no features)",
+    )
     p.add_argument(
         "--scenario",
         default="non_stream",
@@ -92,6 +102,15 @@ def _start(
                 **({"DFLASH_GATEWAY_API_KEYS": args.api_key} if args.api_key else {}),
             },
         )
+    if args.floor:
+        for kind in FLOORS:
+            proxies[f"floor-{kind}"] = procs.start(
+                overhead._pin(
+                    args.proxy_cpu,
+                    [PYTHON, "-m", "loadtest.floor", kind, "{port}", emulator.url],
+                ),
+                name=f"floor-{kind}",
+            )
     if args.router:
         argv = [PYTHON, "-m", "sglang_router.launch_router", "--worker-urls", emulator.url]
         argv += ["--policy", "round_robin", "--host", "127.0.0.1", "--port", "{port}"]

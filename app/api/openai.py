@@ -42,7 +42,7 @@ class LaneResponse(Response):
 
 
 def _declare(route: Route, schema: type[Any], name: str) -> None:
-    """Declare a completion route for FastAPI (answered by ``app.proxy.ingress.serve``)."""
+    """Declare a completion route for FastAPI (answered by ``app.proxy.ingress.serve_entry``)."""
 
     async def endpoint(request: Request, gw: GatewayDep) -> Response:
         return LaneResponse(gw, lane.ENTRIES[route])

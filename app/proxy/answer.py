@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from app.upstream.sse import Usage
+from app.upstream.sse import Usage, reported_count
 
 _KEY = b'"meta_info"'
 _SPACE = b" \t\r\n"
@@ -57,10 +57,6 @@ class NotJSON(ValueError):
     """The body is not JSON at all."""
 
 
-def _int(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def read_answer(body: bytes, *, strip: bool) -> tuple[Usage | None, int | None, bytes] | None:
     """``(usage, verify steps, the client's bytes)`` of a non-streamed answer (see the module
     docstring); None for another shape; ``NotJSON`` for a body that is not JSON."""
@@ -70,7 +66,7 @@ def read_answer(body: bytes, *, strip: bool) -> tuple[Usage | None, int | None, 
         steps: int | None = None
         for raw in metas:
             meta = _META.decode(raw)
-            count = _int(meta.spec_verify_ct) if meta is not None else None
+            count = reported_count(meta.spec_verify_ct) if meta is not None else None
             if count is not None and count > 0:
                 steps = (steps or 0) + count
     except msgspec.ValidationError:
@@ -83,7 +79,11 @@ def read_answer(body: bytes, *, strip: bool) -> tuple[Usage | None, int | None, 
         reasoning = u.reasoning_tokens
         if reasoning is None and isinstance(u.completion_tokens_details, dict):
             reasoning = u.completion_tokens_details.get("reasoning_tokens")
-        usage = Usage(_int(u.prompt_tokens), _int(u.completion_tokens), _int(reasoning))
+        usage = Usage(
+            reported_count(u.prompt_tokens),
+            reported_count(u.completion_tokens),
+            reported_count(reasoning),
+        )
     at = body.find(_KEY) if strip else -1
     if at < 0:
         return usage, steps, body

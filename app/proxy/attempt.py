@@ -66,23 +66,29 @@ class Scope:
     ends. A cancellation from anywhere else (the server shutting down) passes through unchanged.
     Ending a scope that is not running (not yet entered, or already left) does nothing.
 
-    Built on ``asyncio.Timeout`` with no deadline of its own, brought forward to now by ``end``:
-    asyncio's one way to stop an await from outside that keeps the stop scoped to the block."""
+    What ``asyncio.Timeout`` does at its deadline, without the deadline: ``end`` has the task
+    running the block cancelled (from the event loop, as a timer would: never in the midst of the
+    code that called ``end``), and on the way out the block's own cancellation (counted by
+    ``Task.cancel``/``uncancel``) becomes ``Ended``; any other one is left as it is. Entering and
+    leaving cost a few attribute writes and no timer."""
 
-    __slots__ = ("_timeout", "reason")
+    __slots__ = ("_cancelled", "_cancelling", "_pending", "_task", "reason")
 
     def __init__(self) -> None:
-        self._timeout: asyncio.Timeout | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._pending: asyncio.Handle | None = None  # the cancel, scheduled by ``end``
+        self._cancelled = False  # the cancel was made
         self.reason: Outcome | None = None
 
     @property
     def running(self) -> bool:
-        return self._timeout is not None
+        return self._task is not None
 
     async def __aenter__(self) -> Scope:
-        timeout = asyncio.timeout(None)
-        await timeout.__aenter__()
-        self._timeout = timeout
+        task = asyncio.current_task()
+        assert task is not None, "a Scope runs inside a task"
+        self._task, self._cancelling = task, task.cancelling()
         return self
 
     async def __aexit__(
@@ -91,22 +97,32 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        timeout, self._timeout = self._timeout, None
-        assert timeout is not None
-        try:
-            await timeout.__aexit__(exc_type, exc, tb)
-        except TimeoutError:
-            assert self.reason is not None
-            raise Ended(self.reason) from None
+        task, self._task = self._task, None
+        assert task is not None
+        if self._pending is not None:  # ended, and left before the cancel was made
+            self._pending.cancel()
+            self._pending = None
+        # The block's own cancellation: taken back whatever the block raised, and turned into
+        # ``Ended`` unless another cancellation is pending too.
+        mine = self._cancelled and task.uncancel() <= self._cancelling
+        if mine and exc_type is asyncio.CancelledError:
+            raise Ended(self.reason or Outcome.CANCELLED) from None
 
     def end(self, reason: Outcome) -> bool:
         """End the block (the first reason wins). False if it is not running or already ended."""
-        timeout = self._timeout
-        if timeout is None or self.reason is not None:
+        task = self._task
+        if task is None or self.reason is not None:
             return False
         self.reason = reason
-        timeout.reschedule(asyncio.get_running_loop().time())
+        self._pending = task.get_loop().call_soon(self._cancel)
         return True
+
+    def _cancel(self) -> None:
+        self._pending = None
+        task = self._task
+        if task is not None:
+            self._cancelled = True
+            task.cancel()
 
 
 @dataclass(slots=True)

@@ -1,23 +1,23 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's traffic, in plain ASGI.
 
-``serve(gw, route, scope, receive, send)`` is the whole request: its X-Request-Id, the headers
-it reads (400 when one is repeated), the API key (401), the key's token quotas and limits (429,
-before the body is read; from here on every answer carries the key's rate-limit headers), the
-body's media type (415 unless ``application/json`` without a Content-Encoding: a browser's form
-or ``text/plain`` POST cannot reach a worker), the body (413 past the cap;
-499 when the client leaves while sending it; nothing when the server answered the request itself,
-e.g. a 408 for a body too slow: it recorded that), its validation (``app.proxy.request``, 400), the
-model (404; 503 while no worker serves it or the gateway drains), then the proxy, which answers.
-Every error before the proxy runs is answered here in OpenAI shape, logged and counted
+``serve_entry(gw, ENTRIES_BY_PATH[path], scope, receive, send)`` is the whole request: its
+X-Request-Id, the headers it reads (400 when one is repeated), the API key (401), the key's token
+quotas and limits (429, before the body is read; from here on every answer carries the key's
+rate-limit headers), the body's media type (415 unless ``application/json`` without a
+Content-Encoding: a browser's form or ``text/plain`` POST cannot reach a worker), the body (413 past
+the cap; 499 when the client leaves while sending it; nothing when the server answered the request
+itself, e.g. a 408 for a body too slow: it recorded that), its validation (``app.proxy.request``,
+400), the model (404; 503 while no worker serves it or the gateway drains), then the proxy, which
+answers. Every error before the proxy runs is answered here in OpenAI shape, logged and counted
 (``app.api.access.reject``). Once the answer ended, its prompt + completion tokens are charged to
-the key's token quotas. ``serve_entry`` is the same door for another API family (an
-``Entry``: its headers, key, body translation and error shape; ``app.anthropic.serve``).
+the key's token quotas. Another API family comes through the same door with an ``Entry`` of its own:
+its headers, key, body translation and error shape (``app.anthropic.serve``).
 
-``GatewayApp`` (``app.main``) calls ``serve`` ahead of FastAPI's middleware, routing and dependency
-injection, which together cost about as much CPU per request as relaying the whole answer. FastAPI
-still declares both routes: they document the bodies in ``/openapi.json``, answer other methods
-with 405, and serve the requests themselves when CORS is configured (``CORSMiddleware`` must see
-those), through the same ``serve``.
+``GatewayApp`` (``app.main``) calls ``serve_entry`` ahead of FastAPI's middleware, routing and
+dependency injection, which together cost about as much CPU per request as relaying the whole
+answer. FastAPI still declares both routes: they document the bodies in ``/openapi.json``, answer
+other methods with 405, and serve the requests themselves when CORS is configured
+(``CORSMiddleware`` must see those), through the same ``serve_entry``.
 """
 
 from __future__ import annotations
@@ -99,11 +99,7 @@ def _openai(route: Route) -> Entry:
 
 
 ENTRIES = {route: _openai(route) for route in ROUTES.values()}
-
-
-async def serve(gw: Gateway, route: Route, scope: Any, receive: Receive, send: Send) -> None:
-    """Answer one OpenAI completion request (see the module doc)."""
-    await serve_entry(gw, ENTRIES[route], scope, receive, send)
+ENTRIES_BY_PATH = {route.value: entry for route, entry in ENTRIES.items()}
 
 
 async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, send: Send) -> None:

@@ -51,21 +51,23 @@ class Http1Response:
     ``aclose`` returns the connection to the pool if the body was read to the end, else closes
     it (safe to call more than once)."""
 
-    __slots__ = ("_client", "_conn", "_headers", "_idle_s", "status_code")
+    __slots__ = ("_client", "_conn", "_headers", "_idle_s", "_raw", "status_code")
 
     def __init__(self, client: Http1Client, conn: Connection, idle_s: float | None) -> None:
         self._client = client
         self._conn: Connection | None = conn
         self._idle_s = idle_s
         self._headers: dict[str, str] | None = None
+        # The connection's list for this response (the next response gets a new one): decoded
+        # only if asked for, which the relay never does.
+        self._raw = conn.headers
         self.status_code = conn.status
 
     @property
     def headers(self) -> dict[str, str]:
         """Lower-cased names (the last of repeated headers wins)."""
         if self._headers is None:
-            conn = self._conn
-            raw = conn.headers if conn is not None else []
+            raw = self._raw
             self._headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
         return self._headers
 
@@ -75,8 +77,6 @@ class Http1Response:
         return self._conn.pending if self._conn is not None else 0
 
     def aiter_raw(self) -> Http1Response:
-        if self._headers is None:  # keep the headers readable after the connection is released
-            _ = self.headers
         return self
 
     def __aiter__(self) -> Http1Response:
@@ -106,8 +106,6 @@ class Http1Response:
         conn = self._conn
         if conn is None:
             return
-        if self._headers is None:
-            _ = self.headers
         conn.sink = sink
         try:
             while True:

@@ -67,8 +67,10 @@ class Usage:
         return self.completion_tokens / self.verify_steps
 
 
-def _int(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+def reported_count(v: object) -> int | None:
+    """A count the worker reported (tokens, verify steps): a non-negative integer, else None (a
+    negative one would run a counter backwards, which Prometheus refuses)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def parse_usage(obj: object) -> Usage | None:
@@ -82,7 +84,9 @@ def parse_usage(obj: object) -> Usage | None:
     if reasoning is None and isinstance(details, dict):
         reasoning = details.get("reasoning_tokens")
     return Usage(
-        _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), _int(reasoning)
+        reported_count(usage.get("prompt_tokens")),
+        reported_count(usage.get("completion_tokens")),
+        reported_count(reasoning),
     )
 
 
@@ -98,7 +102,7 @@ def take_meta_info(obj: object, *, strip: bool) -> int | None:
         if not isinstance(choice, dict):
             continue
         meta = choice.pop("meta_info", None) if strip else choice.get("meta_info")
-        count = _int(meta.get("spec_verify_ct")) if isinstance(meta, dict) else None
+        count = reported_count(meta.get("spec_verify_ct")) if isinstance(meta, dict) else None
         if count is not None and count > 0:
             steps = (steps or 0) + count
     return steps

@@ -21,7 +21,7 @@ MODEL = "moonshotai/Kimi-K2.5"
 CHAT = "/v1/chat/completions"
 
 
-def completion(text: str) -> bytes:
+def completion(text: str, usage: dict[str, int] | None = None) -> bytes:
     return orjson.dumps(
         {
             "id": "cmpl-1",
@@ -34,7 +34,7 @@ def completion(text: str) -> bytes:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            "usage": usage or {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
     )
 
@@ -70,6 +70,8 @@ SGLANG_TOO_LONG = (
     b'length (8192 tokens).","type":"BadRequestError","param":null,"code":400}'
 )
 
+NEGATIVE = {"prompt_tokens": -1000, "completion_tokens": -7, "total_tokens": -1007}
+
 # The worker's answer to a completion whose text is "<scenario> <tag>".
 SCENARIOS: dict[str, Callable[[str], bytes]] = {
     "ok": lambda tag: response(completion(tag)),
@@ -95,6 +97,12 @@ SCENARIOS: dict[str, Callable[[str], bytes]] = {
     # Over the gateway's limits.max_response_bytes (1 MiB in this module).
     "huge": lambda tag: response(b'{"pad":"' + b"a" * (2 * 1024 * 1024) + b'"}'),
     "done-in-text": lambda tag: stream(sse_event(tag), sse_event("data: [DONE]")),
+    "negative": lambda tag: response(completion(tag, NEGATIVE)),
+    "negative-stream": lambda tag: stream(
+        sse_event(tag),
+        b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": NEGATIVE}) + b"\n\n",
+        b"data: [DONE]\n\n",
+    ),
 }
 
 
@@ -246,3 +254,27 @@ def test_a_worker_refusal_keeps_its_words_in_openai_shape(gw: ManagedProcess) ->
         "param": None,
         "code": "context_length_exceeded",
     }
+
+
+def token_totals(gw: ManagedProcess) -> dict[str, float]:
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("dflash_gateway_prompt_tokens_total", "dflash_gateway_completion_tokens_total"):
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_negative_token_counts_from_a_worker_are_not_counted(
+    gw: ManagedProcess, stream: bool
+) -> None:
+    before = token_totals(gw)
+    answer = ask(gw, ("negative-stream" if stream else "negative") + " A", stream=stream)
+    assert answer.status_code == 200, answer.text
+    assert "A" in answer.text
+    assert "[DONE]" in answer.text if stream else content_of(answer) == "A"
+    assert token_totals(gw) == before  # no counter went backwards (nor forwards)
+    assert "Traceback" not in gw.logs()
+    assert ask(gw, "ok B").status_code == 200

@@ -133,6 +133,7 @@ def test_overhead_ab_bench_measures_each_checkout_in_interleaved_blocks() -> Non
         "overhead-ab",
         "--trees",
         ".,.:1",
+        "--floor",
         "--scenario",
         "stream_saturation",
         "--block",
@@ -148,6 +149,9 @@ def test_overhead_ab_bench_measures_each_checkout_in_interleaved_blocks() -> Non
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith(".")]
     assert len(rows) == 2  # one line per proxy: CPU, median, failures, TTFT, two blocks
     assert all(row[3] == "0" and len(row) == 7 for row in rows)
+    floors = [line.split() for line in result.stdout.splitlines() if line.startswith("floor-")]
+    assert sorted(row[0] for row in floors) == ["floor-asgi", "floor-protocol"]
+    assert all(row[3] == "0" for row in floors)  # every request relayed
     assert "stream_saturation: proxy CPU seconds per 1,000 relayed chunks" in result.stdout
 
 
