@@ -15,7 +15,7 @@ import httpx
 import orjson
 from prometheus_client.mmap_dict import MmapedDict
 
-from tests.support.procs import PYTHON, ProcessManager, children
+from tests.support.procs import ProcessManager, children, serve_processes
 from tests.support.tools import optional_tool
 
 REQUESTS = 48
@@ -139,14 +139,7 @@ def samples(text: str, name: str) -> list[float]:
 
 
 def test_two_processes_export_the_totals_of_both(procs: ProcessManager) -> None:
-    gw = procs.start(
-        [PYTHON, "-m", "app", "serve", "--port", "{port}", "--processes", "2"],
-        name="gateway",
-        ready_path="/readyz",
-        ready_status=200,
-        env=ENV,
-        timeout=60,
-    )
+    gw = serve_processes(procs, ENV)
     kids = children(gw.pid)
     serving = [pid for pid, cmd in kids.items() if " serve " in cmd]
     emulators = [pid for pid, cmd in kids.items() if " emulate " in cmd]

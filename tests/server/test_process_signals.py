@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.procs import PYTHON, ManagedProcess, ProcessManager, children
+from tests.support.procs import ManagedProcess, ProcessManager, children, serve_processes
 
 ENV = {
     "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
@@ -24,14 +24,7 @@ CHAT = {"model": "kimi-k2.5", "max_tokens": 8, "messages": [{"role": "user", "co
 
 
 def start(procs: ProcessManager) -> tuple[ManagedProcess, list[int]]:
-    gw = procs.start(
-        [PYTHON, "-m", "app", "serve", "--port", "{port}", "--processes", "2"],
-        name="gateway",
-        ready_path="/readyz",
-        ready_status=200,
-        env=ENV,
-        timeout=60,
-    )
+    gw = serve_processes(procs, ENV)
     kids = list(children(gw.pid))
     assert len(kids) == 4, kids  # two gateway processes, two emulated workers
     return gw, kids

@@ -43,6 +43,18 @@ def children(pid: int) -> dict[int, str]:
     return found
 
 
+def serve_processes(procs: ProcessManager, env: dict[str, str], count: int = 2) -> ManagedProcess:
+    """``serve --processes count`` with the embedded default (the emulated workers), ready."""
+    return procs.start(
+        [PYTHON, "-m", "app", "serve", "--port", "{port}", "--processes", str(count)],
+        name="gateway",
+        ready_path="/readyz",
+        ready_status=200,
+        env=env,
+        timeout=60,
+    )
+
+
 @contextlib.contextmanager
 def managed_processes(
     tmp_path_factory: pytest.TempPathFactory, name: str
