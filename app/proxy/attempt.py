@@ -88,6 +88,7 @@ class Scope:
     async def __aenter__(self) -> Scope:
         task = asyncio.current_task()
         assert task is not None, "a Scope runs inside a task"
+        assert self.reason is None and not self._cancelled, "a Scope is entered once"
         self._task, self._cancelling = task, task.cancelling()
         return self
 

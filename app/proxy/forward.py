@@ -181,7 +181,10 @@ class Proxy:
             end = self._clock()
             record.duration_ms = round((end - job.started) * 1000, 3)
             self._note(job)
-            self._record(job, end)
+            try:
+                self._record(job, end)
+            except Exception:  # a bug in the metrics must not cost the access record too
+                log.exception("request %s: metrics not recorded", job.request_id)
             self._access.emit(record)
 
     async def _ended(self, job: Job, down: Downstream, reason: Outcome) -> None:

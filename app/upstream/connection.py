@@ -194,7 +194,8 @@ class Connection(asyncio.Protocol):
         self.head_size += len(name) + len(value) + 4
         if self.head_size > MAX_HEAD_BYTES:
             raise MalformedResponse(f"response head over {MAX_HEAD_BYTES} bytes")
-        self.headers.append((name, value))
+        if not self.headers_done:  # trailer fields (after a chunked body) are not headers
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()

@@ -67,10 +67,17 @@ class Usage:
         return self.completion_tokens / self.verify_steps
 
 
+# No request's tokens or verify steps come near this; a larger count is a broken or hostile
+# worker's, and would overflow the float of a metric or charge a tenant's quota for nothing.
+MAX_COUNT = 1 << 31
+
+
 def reported_count(v: object) -> int | None:
-    """A count the worker reported (tokens, verify steps): a non-negative integer, else None (a
-    negative one would run a counter backwards, which Prometheus refuses)."""
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    """A count the worker reported (tokens, verify steps): an integer from 0 to ``MAX_COUNT``,
+    else None (a negative one would run a counter backwards, which Prometheus refuses)."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT:
+        return v
+    return None
 
 
 def parse_usage(obj: object) -> Usage | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 
 from app.config import HealthConfig
@@ -30,9 +31,21 @@ class _Streak:
 
 
 def _num(value: object, default: float = 0.0) -> float:
-    return (
-        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
-    )
+    """A finite number the worker reported, else ``default`` (a string, a bool, an int too large
+    for a float, NaN or an infinity)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return default
+    try:
+        number = float(value)
+    except OverflowError:
+        return default
+    return number if math.isfinite(number) else default
+
+
+# Plausible per-worker speculative figures: an acceptance length counts the accepted draft tokens
+# plus the bonus token of each verify step (at least 1, at most a draft block and then some); an
+# acceptance rate is a fraction. Anything else would poison the estimates built on them.
+_ACCEPT_LENGTH = (1.0, 64.0)
 
 
 def parse_loads(data: object) -> WorkerLoad | None:
@@ -44,8 +57,9 @@ def parse_loads(data: object) -> WorkerLoad | None:
     if not ranks:
         return None
     spec = [r.get("speculative") for r in ranks if isinstance(r.get("speculative"), dict)]
-    accept = [_num(s.get("accept_length")) for s in spec if _num(s.get("accept_length")) > 0]
-    rates = [_num(s.get("accept_rate")) for s in spec if _num(s.get("accept_rate")) > 0]
+    low, high = _ACCEPT_LENGTH
+    accept = [a for a in (_num(s.get("accept_length")) for s in spec) if low <= a <= high]
+    rates = [r for r in (_num(s.get("accept_rate")) for s in spec) if 0 < r <= 1]
     caps = [int(_num(r.get("max_running_requests"))) for r in ranks]
     tokens = [int(_num(r.get("max_total_num_tokens"))) for r in ranks]
     return WorkerLoad(

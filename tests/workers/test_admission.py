@@ -180,3 +180,24 @@ def test_a_slot_freed_since_the_last_poll_is_free_at_once() -> None:
     assert admission.has_room(worker)
     worker.set_load(WorkerLoad(running=1, waiting=1, max_running_requests=2))  # another replica
     assert not admission.has_room(worker)
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"accept_length": 5e-324, "accept_rate": 1e308},  # the acceptance length a mean divides by
+        {"accept_length": float("inf"), "accept_rate": float("nan")},
+        {"accept_length": 10**400, "accept_rate": -0.5},
+        {"accept_length": 500.0, "accept_rate": 2.0},
+    ],
+    ids=["tiny", "non-finite", "huge-int", "out-of-range"],
+)
+def test_implausible_speculative_figures_from_a_worker_are_not_taken(
+    figures: dict[str, float],
+) -> None:
+    load = parse_loads(
+        {"loads": [{"num_running_reqs": 10**400, "gen_throughput": 1e999, "speculative": figures}]}
+    )
+    assert load is not None
+    assert load.accept_length is None and load.accept_rate is None
+    assert load.running == 0 and load.gen_throughput == 0.0  # not numbers the gateway can use
