@@ -14,7 +14,8 @@ Signals: the processes live in their own process groups, so a terminal's Ctrl-C 
 ``kill`` of the parent's group reaches the parent only, which passes the signal it got to each:
 SIGTERM starts the graceful drain of ``app.server.DrainingServer`` (the accept window, then the
 in-flight streams), Ctrl-C (SIGINT) stops them at once as it stops a single process (in-flight
-streams still get up to ``drain_s``); a second signal forces them to stop. SIGINT/SIGTERM are
+streams still get up to ``drain_s``); each further signal is passed on as a Ctrl-C (during a
+drain the first ends the accept window, the next cuts the streams). SIGINT/SIGTERM are
 held back while a process is forked, so each one forked is known and signalled.
 If the parent dies, the kernel sends them SIGTERM (``PR_SET_PDEATHSIG``). A process that exits
 on its own is started again, after a back-off that grows while it keeps dying young.
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 from prometheus_client import multiprocess
 
@@ -77,56 +79,70 @@ class ProcessGroup:
         self._stop_timeout_s = stop_timeout_s
         self._metrics_dir = metrics_dir
         self._processes: dict[int, _Process] = {}
+        # SIGINT/SIGTERM handlers as they were before ``run``: each gateway process starts with
+        # them (the parent's own only note a signal).
+        self._handlers: dict[int, Any] = {}
 
     def _fork(self, index: int, failures: int = 0) -> None:
         parent = os.getpid()
-        # A stop signal arriving now is taken once the new process is in ``_processes``.
+        # A stop signal arriving now is taken once the new process is in ``_processes``; the new
+        # process gets the handlers the parent had before ``run`` before it takes any signal.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             pid = os.fork()
-            if pid == 0:  # the gateway process: never returns into the parent's code
-                code = 0
-                try:
-                    _die_with_parent(parent)
-                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                    self._target(index)
-                except KeyboardInterrupt:
-                    pass
-                except BaseException:
-                    log.exception("gateway process %d failed", index)
-                    code = 1
-                finally:
-                    with contextlib.suppress(Exception):
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                    os._exit(code)
+            if pid == 0:
+                self._child(index, parent, mask)
             self._processes[pid] = _Process(index, pid, time.monotonic(), failures)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
+    def _child(self, index: int, parent: int, mask: set[int | signal.Signals]) -> NoReturn:
+        """The gateway process: runs ``target(index)`` and exits, whatever happens (it never
+        returns into the parent's code, not even on a signal during its last flush)."""
+        code = 1
+        try:
+            try:
+                for sig, handler in self._handlers.items():
+                    signal.signal(sig, handler)
+                _die_with_parent(parent)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                self._target(index)
+                code = 0
+            except KeyboardInterrupt:
+                code = 0
+            except BaseException:
+                log.exception("gateway process %d failed", index)
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+        finally:
+            os._exit(code)
+
     def run(self) -> None:
         """Start the processes and supervise them until Ctrl-C or SIGTERM ends this one; then
-        pass that signal on (``stop``) and return once they are gone."""
+        pass that signal on (``stop``) and return once they are gone. The parent's handlers only
+        note a signal (the loops below look every ``_POLL_S``): no exception ever interrupts it
+        half-way through a fork or a round of signals."""
         received: list[int] = []
 
-        def interrupt(signum: int, frame: object) -> None:
+        def note(signum: int, frame: object) -> None:
             received.append(signum)
-            raise KeyboardInterrupt
 
-        previous = {sig: signal.signal(sig, interrupt) for sig in _STOP_SIGNALS}
+        self._handlers = {sig: signal.signal(sig, note) for sig in _STOP_SIGNALS}
         try:
-            with contextlib.suppress(KeyboardInterrupt):
-                for index in range(self._count):
-                    self._fork(index)
-                self._supervise()
-            self.stop(received[0] if received else signal.SIGTERM)
+            for index in range(self._count):
+                if received:
+                    break
+                self._fork(index)
+            self._supervise(received)
+            self.stop(received[0] if received else signal.SIGTERM, received)
         finally:
-            for sig, handler in previous.items():
+            for sig, handler in self._handlers.items():
                 signal.signal(sig, handler)
 
-    def _supervise(self) -> None:
+    def _supervise(self, received: list[int]) -> None:
         restarts: list[tuple[float, int, int]] = []  # (when, index, failures)
-        while True:
+        while not received:
             for pid, proc in list(self._processes.items()):
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if not done:
@@ -146,29 +162,30 @@ class ProcessGroup:
                 restarts.append((time.monotonic() + delay, proc.index, failures))
             now = time.monotonic()
             for entry in [r for r in restarts if r[0] <= now]:
+                if received:
+                    break
                 restarts.remove(entry)
                 self._fork(entry[1], entry[2])
             time.sleep(_POLL_S)
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Send ``sig`` to each process once (SIGTERM: the graceful drain; SIGINT: stop now), wait
-        up to ``stop_timeout_s``; a second Ctrl-C/SIGTERM meanwhile forces them to stop
-        (SIGINT), and past the time, SIGKILL."""
+    def stop(self, sig: int = signal.SIGTERM, received: list[int] | None = None) -> None:
+        """Send ``sig`` to each process (SIGTERM: the graceful drain; SIGINT: stop now) and wait
+        up to ``stop_timeout_s``, then SIGKILL. Each further stop signal in ``received`` is passed
+        on as SIGINT, as a terminal's Ctrl-C would reach a single process: the first one during a
+        drain ends its accept window, the next one cuts the in-flight streams."""
+        seen = len(received) if received is not None else 0
         self._signal_all(sig)
         deadline = time.monotonic() + self._stop_timeout_s
-        forced = False
         while self._processes:
-            try:
-                self._reap()
-                if self._processes and time.monotonic() > deadline:
-                    log.warning("gateway processes still running; killing them")
-                    self._signal_all(signal.SIGKILL)
-                    deadline = float("inf")
-                time.sleep(_POLL_S / 4)
-            except KeyboardInterrupt:
-                if not forced:
-                    forced = True
-                    self._signal_all(signal.SIGINT)
+            self._reap()
+            if received is not None and len(received) > seen:
+                seen = len(received)
+                self._signal_all(signal.SIGINT)
+            if self._processes and time.monotonic() > deadline:
+                log.warning("gateway processes still running; killing them")
+                self._signal_all(signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(_POLL_S / 4)
 
     def _reap(self) -> None:
         for pid in list(self._processes):
