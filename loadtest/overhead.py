@@ -52,6 +52,8 @@ CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 GATEWAY = "dflash-gateway"
 GATEWAY_MESSAGES = "gateway-messages"
+_TAIL = 1024  # bytes of a stream's end kept: its last events, an error event's included
+_ERROR_EVENT = b'data: {"error"'
 
 
 @dataclass(frozen=True)
@@ -157,10 +159,15 @@ def process_tree_cpu(pid: int) -> float:
 
 
 async def _one(
-    client: Http1Client, address: tuple[str, int], request: bytes, stream: bool, path: str
+    client: Http1Client,
+    address: tuple[str, int],
+    request: bytes,
+    stream: bool,
+    path: str,
+    stall_s: float,
 ) -> tuple[bool, float, int]:
     start = time.perf_counter()
-    response = await client.request(*address, request)
+    response = await client.request(*address, request, first_byte_s=stall_s, idle_s=stall_s)
     try:
         if not stream or response.status_code != 200:
             await response.aread()
@@ -175,12 +182,13 @@ async def _one(
                 ttft = time.perf_counter() - start
             joined = tail + data
             chunks += joined.count(b"data: ") - tail.count(b"data: ")
-            tail = joined[-32:]
+            tail = joined[-_TAIL:]
     finally:
         await response.aclose()
     if path == MESSAGES:
         return tail.rstrip().endswith(b'{"type":"message_stop"}'), ttft, chunks
-    done = tail.rstrip().endswith(b"data: [DONE]")
+    # A stream that failed after its first chunk still ends with [DONE], after an error event.
+    done = tail.rstrip().endswith(b"data: [DONE]") and _ERROR_EVENT not in tail
     chunks -= 1 if done else 0  # [DONE] is not a relayed chunk
     return done, ttft, chunks
 
@@ -221,11 +229,12 @@ async def drive(
     results: list[tuple[bool, float, int]] = []
     remaining = iter(range(scenario.requests))
     client = Http1Client(connect_s=10.0, keepalive_s=120.0)
+    stall_s = 120.0  # a stalled request fails (ReadTimeout) instead of hanging the bench
 
     async def loop() -> None:
         for _ in remaining:
             try:
-                results.append(await _one(client, address, request, scenario.stream, path))
+                results.append(await _one(client, address, request, scenario.stream, path, stall_s))
             except (TransportError, OSError):
                 results.append((False, 0.0, 0))
 

@@ -85,7 +85,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cpu-s", type=float, help="the process's CPU seconds over that run")
     args = p.parse_args(argv)
     stages = tally(args.profile.read_text().splitlines())
-    total = sum(stages.values()) or 1
+    if not set(stages) - {"other", LOOP}:
+        print(
+            "no sample matched a stage: is this a raw py-spy profile of the gateway, from a "
+            "py-spy that reports qualified names (Class.method)?",
+            file=sys.stderr,
+        )
+        return 1
+    total = sum(stages.values())
     for name, samples in stages.most_common():
         share = samples / total
         per_unit = ""

@@ -43,3 +43,17 @@ def test_samples_are_charged_to_the_innermost_stage_and_given_per_request(tmp_pa
         "request coroutines' own lines (serve_entry, Proxy.run...)": "10.0%",
     }
     assert " 300.0 µs  metrics" in done.stdout  # 30% of 10 ms over 10 requests
+
+
+def test_a_profile_with_no_stage_in_it_is_an_error_not_an_empty_table(tmp_path: Path) -> None:
+    raw = tmp_path / "gw.raw"
+    raw.write_text("run (asyncio/runners.py:118);inc (prometheus_client/metrics.py:342) 5\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtest.stages", str(raw)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "no sample matched a stage" in done.stderr
