@@ -54,6 +54,7 @@ GATEWAY = "dflash-gateway"
 GATEWAY_MESSAGES = "gateway-messages"
 _TAIL = 1024  # bytes of a stream's end kept: its last events, an error event's included
 _ERROR_EVENT = b'data: {"error"'
+_STALL_S = 120.0  # a stalled request fails (ReadTimeout) instead of hanging the bench
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,9 @@ async def _one(
     request: bytes,
     stream: bool,
     path: str,
-    stall_s: float,
 ) -> tuple[bool, float, int]:
     start = time.perf_counter()
-    response = await client.request(*address, request, first_byte_s=stall_s, idle_s=stall_s)
+    response = await client.request(*address, request, first_byte_s=_STALL_S, idle_s=_STALL_S)
     try:
         if not stream or response.status_code != 200:
             await response.aread()
@@ -229,12 +229,11 @@ async def drive(
     results: list[tuple[bool, float, int]] = []
     remaining = iter(range(scenario.requests))
     client = Http1Client(connect_s=10.0, keepalive_s=120.0)
-    stall_s = 120.0  # a stalled request fails (ReadTimeout) instead of hanging the bench
 
     async def loop() -> None:
         for _ in remaining:
             try:
-                results.append(await _one(client, address, request, scenario.stream, path, stall_s))
+                results.append(await _one(client, address, request, scenario.stream, path))
             except (TransportError, OSError):
                 results.append((False, 0.0, 0))
 

@@ -135,7 +135,7 @@ class ProcessGroup:
                     break
                 self._fork(index)
             self._supervise(received)
-            self.stop(received[0] if received else signal.SIGTERM, received)
+            self.stop(received)
         finally:
             for sig, handler in self._handlers.items():
                 signal.signal(sig, handler)
@@ -168,17 +168,18 @@ class ProcessGroup:
                 self._fork(entry[1], entry[2])
             time.sleep(_POLL_S)
 
-    def stop(self, sig: int = signal.SIGTERM, received: list[int] | None = None) -> None:
-        """Send ``sig`` to each process (SIGTERM: the graceful drain; SIGINT: stop now) and wait
-        up to ``stop_timeout_s``, then SIGKILL. Each further stop signal in ``received`` is passed
-        on as SIGINT, as a terminal's Ctrl-C would reach a single process: the first one during a
-        drain ends its accept window, the next one cuts the in-flight streams."""
-        seen = len(received) if received is not None else 0
-        self._signal_all(sig)
+    def stop(self, received: list[int]) -> None:
+        """Pass on the first stop signal in ``received`` to each process (SIGTERM: the graceful
+        drain; SIGINT: stop now) and wait up to ``stop_timeout_s``, then SIGKILL. Each further
+        signal noted in ``received`` is passed on as SIGINT, as a terminal's Ctrl-C would reach a
+        single process: the first one during a drain ends its accept window, the next one cuts
+        the in-flight streams."""
+        seen = len(received)
+        self._signal_all(received[0])
         deadline = time.monotonic() + self._stop_timeout_s
         while self._processes:
             self._reap()
-            if received is not None and len(received) > seen:
+            if len(received) > seen:
                 seen = len(received)
                 self._signal_all(signal.SIGINT)
             if self._processes and time.monotonic() > deadline:
