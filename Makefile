@@ -39,7 +39,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint typecheck test ## ruff, mypy (strict on app/), tests
+check: lint typecheck ## static checks: ruff, ruff format --check, mypy (strict on app/); .ci/run runs them before the tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
