@@ -107,16 +107,17 @@ class Row:
     description: str
 
 
-def render() -> str:
-    """The whole page, as ``docs/configuration.md`` must hold it."""
+def render(settings: type[BaseModel] = Settings) -> str:
+    """The whole page for ``settings``, as ``docs/configuration.md`` must hold it for Settings.
+    Raises ``Undocumented`` naming every setting that has no description."""
     flags = _serve_flags()
     sections: list[tuple[str, str, list[Row]]] = []
     missing: list[str] = []
     general: list[Row] = []
-    for name, field in Settings.model_fields.items():
+    for name, field in settings.model_fields.items():
         model = _model_of(field.annotation)
         if model is None:
-            general.append(_row(Settings, name, field, (name,), flags, missing))
+            general.append(_row(settings, name, field, (name,), flags, missing))
         else:
             rows = list(_section_rows(model, (name,), flags, missing))
             sections.append((name, _doc(model), rows))
@@ -125,7 +126,7 @@ def render() -> str:
             "settings without a description (add a comment above the field, or "
             "Field(description=...)): " + ", ".join(missing)
         )
-    parts = [HEADER, _section("General", "", general, SEE_ALSO[""])]
+    parts = [HEADER, _section("General", "", general, SEE_ALSO.get(""))]
     for name, text, rows in sections:
         parts.append(_section(f"`{name}`", text, rows, SEE_ALSO.get(name)))
     return "\n".join(parts)
