@@ -1,4 +1,4 @@
-"""Every Prometheus object the gateway exports (CONTRACTS.md, "Metrics"), on a registry owned by
+"""Every Prometheus metric the gateway exports (docs/contracts.md, "Metrics"), on a registry held by
 the app (no globals), and the ``record_*`` helpers the proxy calls once per request.
 
 Label values are bounded and server-controlled: ``route`` from a fixed set; ``model`` = a served

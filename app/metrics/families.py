@@ -1,4 +1,4 @@
-"""The gateway's metric families (names in CONTRACTS.md, "Metrics"): bucket layouts, the bounded
+"""The gateway's metric families (docs/contracts.md, "Metrics"): bucket layouts, the bounded
 label value sets, and ``Families``, which defines every family on a registry. ``Metrics``
 (``recorder.py``) adds the label values and records into them."""
 

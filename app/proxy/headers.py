@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from app.errors import InvalidRequest
 
-# Never forwarded to a worker (CONTRACTS.md): credentials, Host/Content-Length (set by the client
+# Never sent to a worker (docs/contracts.md): credentials, Host/Content-Length (set by the client
 # library), hop-by-hop headers (RFC 9110 §7.6.1), encodings we would have to undo (a body with a
 # Content-Encoding is refused: the gateway reads bodies as they are), the client's
 # X-Request-Id (replaced by the gateway's) and Anthropic's API key header (a credential).

@@ -13,7 +13,7 @@ The gateway admits a request to a worker only while
 
 When no candidate has room the request waits in a queue of at most ``queue_size`` entries for up
 to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
-``Retry-After`` (CONTRACTS.md). A request the full queue would serve before its last waiter (a
+``Retry-After`` (docs/contracts.md). A request the full queue would serve before its last waiter (a
 higher class, or another key than the one filling it) takes that waiter's place instead, and the
 waiter gets the 503: one key's burst cannot shut the others out. Every slot freed is granted to
 the waiter the queue serves next (``app.workers.fairqueue``: higher priority classes first, then
