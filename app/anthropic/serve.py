@@ -52,16 +52,19 @@ _READ = frozenset(
 
 
 class MessagesSurface(Translated):
-    """The Messages API over a chat request (``app.proxy.surface.Surface``)."""
+    """The Messages API over a chat request (``app.proxy.surface.Surface``); ``omit_thinking``:
+    for the requests that asked for empty thinking blocks (``thinking.display: "omitted"``)."""
 
     shape: ErrorShape = ANTHROPIC
 
-    @staticmethod
-    def observer(request: ParsedRequest, *, expose: bool) -> MessagesStream:
-        return MessagesStream(request.model, expose=expose)
+    def __init__(self, *, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking
+
+    def observer(self, request: ParsedRequest, *, expose: bool) -> MessagesStream:
+        return MessagesStream(request.model, expose=expose, omit_thinking=self.omit_thinking)
 
     def whole(self, doc: dict[str, Any], request: ParsedRequest) -> bytes:
-        return orjson.dumps(to_message(doc, request.model))
+        return orjson.dumps(to_message(doc, request.model, omit_thinking=self.omit_thinking))
 
 
 class CountSurface(MessagesSurface):
@@ -75,6 +78,7 @@ class CountSurface(MessagesSurface):
 
 
 MESSAGES = MessagesSurface()
+MESSAGES_NO_THINKING_TEXT = MessagesSurface(omit_thinking=True)
 COUNT = CountSurface()
 
 
@@ -98,7 +102,8 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
         gw.metrics.record_dropped_fields(path)
     if not count:
         chat = orjson.dumps(translated.chat)
-        return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=MESSAGES)
+        surface = MESSAGES_NO_THINKING_TEXT if translated.omit_thinking else MESSAGES
+        return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=surface)
     model = translated.chat["model"]
     served = aliases.get(model, model)
     fields = {name: body[name] for name in COUNTED if name in body}
