@@ -20,7 +20,7 @@ A surface is a package (``app.anthropic`` is the model) that provides, per POST 
 - ``surface``: an ``app.proxy.surface.Surface`` -- ``shape`` (its error bodies, error events and
   keep-alive), ``observer(request, expose=)`` (the stream's translator, fed each upstream read;
   its cost is per chunk, on the hot path), ``answer(body, request)`` (a non-streamed answer; a
-  translated surface derives from ``Translated`` and writes ``whole(doc, request)``);
+  translated surface derives from ``TranslatedSurface`` and writes ``whole(doc, request)``);
 - ``limit_headers``: the names of its rate-limit headers (``app.tenants.headers``);
 - ``operation``: its ``/openapi.json`` declaration (``app.proxy.ingress.Operation``).
 

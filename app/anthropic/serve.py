@@ -28,7 +28,7 @@ from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.proxy.ingress import Entry
 from app.proxy.request import ParsedRequest, Route, parse_request
-from app.proxy.surface import ErrorShape, Translated
+from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER
 from app.tenants.headers import anthropic_headers
 from app.tenants.tenant import PRIORITY_HEADER
@@ -51,7 +51,7 @@ _READ = frozenset(
 )
 
 
-class MessagesSurface(Translated):
+class MessagesSurface(TranslatedSurface):
     """The Messages API over a chat request (``app.proxy.surface.Surface``); ``omit_thinking``:
     for the requests that asked for empty thinking blocks (``thinking.display: "omitted"``)."""
 

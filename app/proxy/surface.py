@@ -8,8 +8,8 @@ for OpenAI), turns a worker's non-streamed answer into the client's (``answer``)
 errors and keep-alives (``ErrorShape``). The table of every surface the gateway serves, with its
 paths, is ``app.surfaces``.
 
-A translated surface derives from ``Translated``: it only says how a worker's answer, parsed as
-a JSON document, becomes its client's body (``whole``).
+A translated surface derives from ``TranslatedSurface``: it only says how a worker's answer,
+parsed as a JSON document, becomes its client's body (``whole``).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ CHAT = OpenAISurface(overhead=2)
 COMPLETIONS = OpenAISurface(overhead=0)
 
 
-class Translated:
+class TranslatedSurface:
     """Base of a surface whose client gets another document than the worker's chat answer."""
 
     def whole(self, doc: dict[str, Any], request: ParsedRequest) -> bytes:
