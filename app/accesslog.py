@@ -41,6 +41,9 @@ class AccessRecord:
     accept_length: float | None = None  # completion tokens per verify step (DFlash)
     chunks: int = 0
     error: str | None = None
+    # An unmatched route's (``route=other``) method and path, escaped (``app.api.access``).
+    method: str | None = None
+    path: str | None = None
 
 
 class JsonFormatter(logging.Formatter):

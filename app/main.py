@@ -17,9 +17,9 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
-from app.anthropic import serve as anthropic_serve
-from app.api import anthropic, openai, ops
-from app.api.access import COMPLETION_ROUTES, AccessMiddleware
+from app.api import openai, ops
+from app.api import surfaces as api_surfaces
+from app.api.access import AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
 from app.auth import KeyStore
@@ -28,10 +28,11 @@ from app.errors import install_handlers
 from app.gateway import Gateway
 from app.limits import make_limiter
 from app.metrics import Metrics
-from app.proxy import ingress
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
+from app.proxy.ingress import serve_entry
 from app.routing.policies import make_policy
+from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
 from app.tenants.tenant import Tenants
@@ -49,12 +50,13 @@ log = logging.getLogger(__name__)
 
 
 class GatewayApp:
-    """The gateway's ASGI application. POSTs to the two completion routes and the two Messages
-    routes are served in plain ASGI (``app.proxy.ingress``, ``app.anthropic.serve``), ahead of
-    FastAPI's middleware, routing and dependency injection, which together cost about as much
-    CPU per request as relaying the whole answer; everything else goes to FastAPI (``api``).
-    With CORS on, FastAPI routes those POSTs too, to the same handlers, so ``CORSMiddleware``
-    sees them. ``state`` and ``router`` are FastAPI's."""
+    """The gateway's ASGI application. POSTs to the surface registry's routes (``app.surfaces``:
+    chat, completions, Messages...) are served in plain ASGI (``app.proxy.ingress.serve_entry``
+    with the route's ``Entry``, found by one dict lookup), ahead of FastAPI's middleware, routing
+    and dependency injection, which together cost about as much CPU per request as relaying the
+    whole answer; everything else goes to FastAPI (``api``). With CORS on, FastAPI routes those
+    POSTs too, to the same handlers, so ``CORSMiddleware`` sees them. ``state`` and ``router``
+    are FastAPI's."""
 
     def __init__(self, api: FastAPI, gateway: Gateway, *, lane: bool) -> None:
         self.api = api
@@ -71,13 +73,9 @@ class GatewayApp:
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if self._lane and scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            entry = ingress.ENTRIES_BY_PATH.get(path)
+            entry = BY_PATH.get(scope["path"])
             if entry is not None:
-                await ingress.serve_entry(self._gateway, entry, scope, receive, send)
-                return
-            if path in anthropic_serve.ROUTES:
-                await anthropic_serve.serve(self._gateway, path, scope, receive, send)
+                await serve_entry(self._gateway, entry, scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -96,11 +94,11 @@ def create_app(
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
     client = UpstreamClient(settings)
-    metrics = Metrics()
+    metrics = Metrics(routes=ROUTES)
     keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
     usage = UsageLog.from_config(settings.tenants, metrics.record_usage_log_dropped)
     if usage is not None:  # the billable requests' records, also as usage lines
-        access.sink = usage.sink(COMPLETION_ROUTES, lambda: keys.open)
+        access.sink = usage.sink(ROUTES, lambda: keys.open)
     proxy = Proxy(
         settings=settings,
         pool=pool,
@@ -198,7 +196,8 @@ def create_app(
         # client's Host header, and clients of this API use its exact paths.
         redirect_slashes=False,
     )
-    app.openapi = lambda: openapi_document(app, settings)  # type: ignore[method-assign]
+    bodies = [model for entry in SURFACES for model in entry.operation.models]
+    app.openapi = lambda: openapi_document(app, settings, bodies)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.gateway = gateway
     install_handlers(app)
@@ -220,8 +219,8 @@ def create_app(
             expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
             max_age=600,
         )
-    app.add_middleware(AccessMiddleware, gateway=gateway)
+    app.add_middleware(AccessMiddleware, gateway=gateway, routes=ROUTES)
+    app.include_router(api_surfaces.router(SURFACES))
     app.include_router(openai.router)
-    app.include_router(anthropic.router)
     app.include_router(ops.router)
     return GatewayApp(app, gateway, lane=not settings.cors_origins)

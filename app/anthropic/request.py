@@ -3,7 +3,14 @@
 The messages come out as SGLang's own Messages endpoint builds them (so the worker's
 ``count_tokens``, which uses that converter, counts the prompt this request sends, and a
 conversation's turns render the same bytes every time, which the workers' prefix cache needs):
-``system`` (a string or text blocks, joined by newlines) → a system message; each turn's blocks
+``system`` (a string or text blocks, joined by newlines) → a system message; a ``system``-role
+entry inside ``messages`` (Claude Code sends its environment block as one, after the user's turn)
+→ a system message at that same position (text blocks only, as parts). SGLang's converter keeps
+such entries in place whenever the chat template renders system turns anywhere, as Kimi-K2.5's
+does (it merges them into the leading system prompt only for templates that cannot): so the
+model reads the context where the client put it, ``count_tokens`` agrees, and a block that
+changes from request to request (dates, git status) does not change the prompt's leading bytes,
+which would cost the whole conversation its prefix-cache hit. Each turn's blocks
 → ``text`` and ``image`` (base64 → a ``data:`` URL, or a URL) as content parts (one text part
 alone is a string), ``tool_use`` → the assistant's ``tool_calls`` (ids kept, ``input`` as
 ``json.dumps`` writes it), ``tool_result`` → a ``tool`` message (``tool_call_id`` =
@@ -19,8 +26,17 @@ model's default, which for Kimi-K2.5 is to think; ``budget_tokens`` is not enfor
 ``max_tokens`` (required, as Anthropic requires it), ``stop_sequences`` → ``stop``,
 ``temperature``, ``top_p``, ``top_k``, ``metadata.user_id`` → ``user`` (the routing key that
 keeps a session on its worker), ``stream`` (with usage always on: the last event reports it).
-Anything else is dropped (``Translated.dropped`` names the first), ``cache_control`` markers
-included (the workers cache prefixes by themselves).
+``thinking.display: "omitted"`` keeps the answer's thinking blocks empty (``omit_thinking``); any
+other display (``summarized``, Claude Code's ``updates``...) gets the whole thinking text.
+``output_format`` / ``output_config.format`` (``json_schema``) → ``response_format``
+(``json_schema``, the worker's constrained decoding); ``output_config.effort`` is accepted and not
+enforced (Kimi-K2.5's only switch is thinking on or off, which ``thinking`` sets).
+``context_management``: ``clear_thinking_20251015`` edits are applied (the thinking of all but the
+last ``keep`` assistant turns with thinking is left out; ``keep: "all"`` keeps it all), any other
+edit is a 400 naming it (Claude Code then stops sending it: its message says the strategy is not
+supported). Anything else is dropped (``Translated.dropped`` names the first), ``cache_control``
+markers included (the workers cache prefixes by themselves), and so is ``defer_loading`` on a
+tool: every tool the client sent is offered to the model.
 """
 
 from __future__ import annotations
@@ -37,8 +53,9 @@ from app.errors import InvalidRequest
 COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 FIELDS = frozenset(
     {*COUNTED, "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_p"}
-    | {"top_k"}
+    | {"top_k", "context_management", "output_config", "output_format"}
 )
+CLEAR_THINKING = "clear_thinking_20251015"
 
 
 @dataclass(slots=True)
@@ -46,6 +63,7 @@ class Translated:
     chat: dict[str, Any]  # the chat-completions body (without ``rid``)
     stream: bool
     dropped: str | None = None  # the first field of the body that was dropped, if any
+    omit_thinking: bool = False  # ``thinking.display: "omitted"``: thinking blocks left empty
 
 
 def _fail(message: str, param: str | None = None) -> InvalidRequest:
@@ -80,6 +98,7 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
         out.append({"role": "system", "content": system})
     for i, message in enumerate(messages):
         _turn(message, i, out)
+    _context_management(body.get("context_management"), out)
     chat["messages"] = out
     if not count_only:
         max_tokens = body.get("max_tokens")
@@ -87,8 +106,9 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
             raise _fail("max_tokens: a positive integer is required", "max_tokens")
         chat["max_tokens"] = max_tokens
         _sampling(body, chat)
+        _output(body, chat)
     _tools(body, chat)
-    _thinking(body.get("thinking"), chat)
+    omit = _thinking(body.get("thinking"), chat)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise _fail("stream: must be a boolean", "stream")
@@ -97,7 +117,7 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
         chat["stream_options"] = {"include_usage": True}
     known = frozenset(COUNTED) if count_only else FIELDS
     dropped = next((name for name in body if name not in known), None)
-    return Translated(chat, bool(stream) and not count_only, dropped)
+    return Translated(chat, bool(stream) and not count_only, dropped, omit)
 
 
 def _positive_int(value: Any) -> bool:
@@ -143,18 +163,35 @@ def _turn(message: Any, i: int, out: list[dict[str, Any]]) -> None:
     if not isinstance(message, dict):
         raise _fail(f"{where}: must be an object", where)
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise _fail(f"{where}.role: must be user or assistant", f"{where}.role")
+    if role not in ("user", "assistant", "system"):
+        raise _fail(f"{where}.role: must be user, assistant or system", f"{where}.role")
     content = message.get("content")
     if isinstance(content, str):
-        out.append({"role": role, "content": content})
+        if role != "system" or content.strip():
+            out.append({"role": role, "content": content})
         return
     if not isinstance(content, list):
         raise _fail(f"{where}.content: must be a string or an array", f"{where}.content")
     if role == "assistant":
         out.append(_assistant(content, where))
+    elif role == "system":
+        _system_turn(content, where, out)
     else:
         _user(content, where, out)
+
+
+def _system_turn(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
+    """A ``system``-role entry of ``messages``: a system message where it stands."""
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content.{j}"
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise _fail(f"{at}.type: a system turn holds text blocks only", at)
+        text = _text(block, at)
+        if text:
+            parts.append({"type": "text", "text": text})
+    if parts:
+        out.append({"role": "system", "content": _content(parts)})
 
 
 def _content(parts: list[dict[str, Any]]) -> Any:
@@ -320,10 +357,73 @@ def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         chat["parallel_tool_calls"] = False
 
 
-def _thinking(thinking: Any, chat: dict[str, Any]) -> None:
+_THINKING_TYPES = ("enabled", "disabled", "adaptive")
+
+
+def _thinking(thinking: Any, chat: dict[str, Any]) -> bool:
+    """Sets Kimi's thinking switch; True when the client asked for the thinking to be omitted."""
     if thinking is None:
-        return
-    kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if kind not in ("enabled", "disabled", "adaptive"):
+        return False
+    if not isinstance(thinking, dict) or thinking.get("type") not in _THINKING_TYPES:
         raise _fail("thinking.type: must be enabled, disabled or adaptive", "thinking")
+    kind, display = thinking["type"], thinking.get("display")
+    if display is not None and not isinstance(display, str):
+        raise _fail("thinking.display: must be a string", "thinking")
     chat["chat_template_kwargs"] = {"thinking": kind != "disabled"}
+    return display == "omitted"
+
+
+def _output(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """``output_config`` (``effort``: accepted; ``format``) and the older ``output_format``."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise _fail("output_config: must be an object", "output_config")
+    config = config or {}
+    effort = config.get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise _fail("output_config.effort: must be a string", "output_config")
+    unknown = next((name for name in config if name not in ("effort", "format")), None)
+    if unknown is not None:
+        raise _fail(f"output_config.{unknown}: not supported by this gateway", "output_config")
+    fmt = config.get("format", body.get("output_format"))
+    if fmt is None:
+        return
+    where = "output_config" if "format" in config else "output_format"
+    kind, schema = (fmt.get("type"), fmt.get("schema")) if isinstance(fmt, dict) else (None, None)
+    if kind != "json_schema" or not isinstance(schema, dict):
+        raise _fail(f"{where}: a json_schema format with an object schema is required", where)
+    chat["response_format"] = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
+
+
+def _context_management(value: Any, out: list[dict[str, Any]]) -> None:
+    """Applies ``clear_thinking`` edits to the translated history; refuses any other edit."""
+    if value is None:
+        return
+    edits = value.get("edits") if isinstance(value, dict) else None
+    if not isinstance(edits, list):
+        raise _fail("context_management.edits: must be an array", "context_management")
+    for i, edit in enumerate(edits):
+        if not isinstance(edit, dict) or edit.get("type") != CLEAR_THINKING:
+            kind = edit.get("type") if isinstance(edit, dict) else None
+            raise _fail(
+                f"context_management.edits.{i}: this gateway does not support the {kind} "
+                "context management strategy",
+                "context_management",
+            )
+        keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            continue
+        turns = keep.get("value") if isinstance(keep, dict) else None
+        if not (isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0) or (
+            isinstance(keep, dict) and keep.get("type") != "thinking_turns"
+        ):
+            raise _fail(
+                f'context_management.edits.{i}.keep: "all" or thinking_turns is required',
+                "context_management",
+            )
+        thinking = [m for m in out if m["role"] == "assistant" and "reasoning_content" in m]
+        for message in thinking[: max(len(thinking) - turns, 0)]:
+            del message["reasoning_content"]

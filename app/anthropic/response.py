@@ -60,8 +60,9 @@ def message_id(chat_id: Any) -> str:
     return f"msg_{chat_id}" if isinstance(chat_id, str) and chat_id else "msg_gateway"
 
 
-def to_message(doc: dict[str, Any], model: str) -> dict[str, Any]:
-    """The Message for chat completion ``doc``; ``model``: the name the client asked for."""
+def to_message(doc: dict[str, Any], model: str, *, omit_thinking: bool = False) -> dict[str, Any]:
+    """The Message for chat completion ``doc``; ``model``: the name the client asked for;
+    ``omit_thinking``: its thinking block left empty (``thinking.display: "omitted"``)."""
     choices = doc.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else {}
     message = choice.get("message") if isinstance(choice, dict) else None
@@ -69,7 +70,8 @@ def to_message(doc: dict[str, Any], model: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
-        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        shown = "" if omit_thinking else reasoning
+        content.append({"type": "thinking", "thinking": shown, "signature": ""})
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})

@@ -9,7 +9,8 @@ takes the worker's bytes and returns the client's. Its grammar::
     message_stop
 
 with ``event: ping`` wherever the gateway's keep-alive falls (``app.anthropic.shape``). One
-block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``), ``text``
+block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``; none when
+the client asked for the thinking to be omitted: the block stays empty), ``text``
 (``text_delta`` from ``content``) or ``tool_use`` (opened by a tool call's id or name, its
 arguments as ``input_json_delta``); a change of kind closes the open block. The worker's first
 chat chunk becomes ``message_start`` (the commit point); its usage chunk (the gateway always
@@ -62,15 +63,17 @@ class MessagesStream(StreamState):
         "_index",
         "_matched",
         "_model",
+        "_omit",
         "_raw_usage",
         "_steps",
         "_tool",
     )
 
-    def __init__(self, model: str, *, expose: bool = False) -> None:
+    def __init__(self, model: str, *, expose: bool = False, omit_thinking: bool = False) -> None:
         super().__init__()
         self._model = model  # the name the client asked for
         self._expose = expose  # add the estimated acceptance length to the final usage
+        self._omit = omit_thinking  # thinking blocks without their text (display: omitted)
         self._block: str | None = None  # the open content block's kind
         self._index = -1  # the open (or last) content block's index
         self._tool: Any = None  # the worker's index of the tool call in the open block
@@ -149,7 +152,8 @@ class MessagesStream(StreamState):
         reasoning = delta.get("reasoning_content")
         if reasoning:
             self._open("thinking", out)
-            out.append(self._delta(_THINKING, reasoning))
+            if not self._omit:
+                out.append(self._delta(_THINKING, reasoning))
         text = delta.get("content")
         if text:
             self._open("text", out)

@@ -17,16 +17,23 @@ JSON answer: ``serving_chat.py`` ``_tool_call_parsing_active``). With ``logprobs
 lists its tokens' log-probabilities (``app.emulator.logprobs``).
 
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
-is ``"auto"``/unset and the last user turn mentions a tool's name, the answer is a call to that
-tool (the first one mentioned, else the first tool) with arguments made from its JSON schema.
-With ``"auto"``/unset, a conversation that ends with a tool's result is answered in text (the
-model uses the result), so a tool-use round trip ends.
+is ``"auto"``/unset and the user's own text in the last user turn names a tool as a whole word
+(case-sensitive), the answer is a call to that tool (the first of ``tools`` so named, else, for
+``"required"``, the first tool) with arguments made from its JSON schema. The user's own text is
+the turn less its XML-tagged context blocks (``<system-reminder>...</system-reminder>``,
+``<environment_context>...</environment_context>``, any ``<tag>...</tag>``): coding agents put
+reminders there that name their tools (Claude Code's name ``Agent``, ``TodoWrite``...), and a
+model does not call a tool because a reminder lists it -- an emulator that did would make the
+agent call tools, e.g. spawn sub-agents, forever. With ``"auto"``/unset, a conversation that
+ends with a tool's result is answered in text (the model uses the result), so a tool-use round
+trip ends.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -220,10 +227,33 @@ def _chosen_tool(req: GenRequest) -> Tool | None:
         return next((t for t in req.tools if t.name == name), None)
     if choice in (None, "auto") and req.after_tool_result:
         return None
-    mentioned = [t for t in req.tools if t.name in req.last_user]
+    own = own_text(req.last_user)
+    mentioned = [t for t in req.tools if _names(own, t.name)]
     if choice == "required":
         return mentioned[0] if mentioned else req.tools[0]
     return mentioned[0] if mentioned else None
+
+
+# An XML-tagged block (``<tag ...>...</tag>``): context a client added to the user's turn.
+_TAGGED = re.compile(r"<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>.*?</\1\s*>", re.DOTALL)
+
+
+def own_text(turn: str) -> str:
+    """A user turn's text less its XML-tagged context blocks (see the module doc)."""
+    return _TAGGED.sub(" ", turn)
+
+
+def _names(text: str, name: str) -> bool:
+    """``name`` appears in ``text`` as a whole word."""
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        before = text[at - 1] if at else " "
+        after = text[end] if end < len(text) else " "
+        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
+            return True
+        at = text.find(name, at + 1)
+    return False
 
 
 def _constrained_answer(req: GenRequest, rng: random.Random) -> str:

@@ -11,12 +11,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "dflash_gateway_"
 OTHER = "other"
-ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-)
 MAX_MODELS = 32
 # requests_total series that exist before the first such answer (alerts divide by them).
 STATUSES = ("200", "400", "404", "429", "499", "500", "502", "503", "504")

@@ -18,7 +18,6 @@ from app.metrics.families import (
     OTHER,
     QUOTAS,
     RETRY_REASONS,
-    ROUTES,
     SOURCES,
     STATUSES,
     THROUGHPUT_WINDOW_S,
@@ -102,9 +101,12 @@ class Metrics(Families):
         self,
         *,
         models: Iterable[str] = (),
+        routes: Iterable[str] = (),
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``routes``: the API routes whose series exist from start-up (the surface registry's,
+        ``app.surfaces.ROUTES``; a route label is a path the gateway serves, never a client's)."""
         # No ``*_created`` series: they would double the series count (and multiprocess mode has
         # none), and Prometheus 2.x does not use them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -115,10 +117,11 @@ class Metrics(Families):
         self._workers: set[str] = set()
         self._windows: dict[str, TokenWindow] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._routes = tuple(routes)
 
         for outcome in STREAM_OUTCOMES:
             self.stream_outcomes.labels(outcome)
-        for route in ROUTES:
+        for route in self._routes:
             self.dropped_fields.labels(route)
         for priority in PRIORITIES:
             self.queue_wait.labels(priority)
@@ -139,7 +142,7 @@ class Metrics(Families):
         if len(self._models) > MAX_MODELS:  # OTHER + MAX_MODELS served models
             return OTHER
         self._models.add(model)
-        for route in ROUTES:
+        for route in self._routes:
             for status in STATUSES:
                 self.requests.labels(route, model, status)
             self.request_duration.labels(route, model)

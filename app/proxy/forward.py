@@ -40,7 +40,6 @@ from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import relay_stream, relay_whole
 from app.proxy.request import ParsedRequest
 from app.proxy.supervisor import Supervisor
-from app.proxy.surface import OPENAI
 from app.routing.policies import Policy, RoutingContext
 from app.tenants.tenant import Tenant
 from app.upstream.client import UpstreamClient
@@ -136,14 +135,13 @@ class Proxy:
     async def run(
         self, job: Job, receive: Receive, send: Send, direct: DirectBody | None = None
     ) -> None:
-        surface = job.request.surface
         down = Downstream(
             send,
             job.request_id,
             stream=job.request.stream,
             clock=self._clock,
             direct=direct,
-            shape=OPENAI if surface is None else surface.shape,
+            shape=job.request.surface.shape,
             headers=job.response_headers,
         )
         sup = Supervisor(

@@ -10,30 +10,26 @@ metric update. Up to the commit point the chunks pass through the request's task
 gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
 straight to the client's connection, so a chunk costs no task switch at all.
 
-That is the OpenAI routes, whose observer is ``app.upstream.sse.SSEObserver``. A request of
-another API (``app.proxy.surface``) brings its own observer, chosen once per request: the
-Messages API's translates each worker event into Anthropic's (one orjson parse per event).
+The observer is the request's surface's (``app.proxy.surface``), chosen once per request: on the
+OpenAI routes ``app.upstream.sse.SSEObserver``; the Messages API's translates each worker event
+into Anthropic's (one orjson parse per event).
 
-A non-streamed response is read for its usage and each choice's ``meta_info`` (the exact
-acceptance length, asked for by the gateway) without building its document
-(``app.proxy.answer``); the ``meta_info`` members are cut out of the client's copy unless the
-client asked for them, the rest relayed byte for byte. Another API's surface, or an answer of
-another shape, is parsed whole (orjson) and the surface translates it.
+A non-streamed response is the surface's too (``Surface.answer``): on the OpenAI routes it is
+read for its usage and each choice's ``meta_info`` (the exact acceptance length, asked for by the
+gateway) without building its document (``app.proxy.answer``), the ``meta_info`` members cut out
+of the client's copy unless the client asked for them, the rest relayed byte for byte; another
+API's surface parses it whole (orjson) and translates it.
 """
 
 from __future__ import annotations
 
-import orjson
-
 from app.errors import UpstreamBadResponse, UpstreamStreamBroken
-from app.proxy.answer import NotJSON, read_answer
+from app.proxy.answer import NotJSON
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
-from app.proxy.request import ParsedRequest, Route
-from app.proxy.surface import Observer
+from app.proxy.request import ParsedRequest
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
-from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
 
@@ -55,14 +51,7 @@ async def relay_stream(
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
     or ends without ``[DONE]``. ``expose``: add the estimated acceptance length to the usage
     chunk the client asked for."""
-    obs: Observer
-    if request.surface is None:
-        # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
-        overhead = 2 * request.choices if request.route is Route.CHAT else 0
-        drop = not request.client_wants_usage
-        obs = SSEObserver(drop_usage=drop, overhead=overhead, expose=expose)
-    else:  # another API's events, translated from the worker's
-        obs = request.surface.observer(request, expose=expose)
+    obs = request.surface.observer(request, expose=expose)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -141,28 +130,10 @@ async def relay_whole(
         body = await response.aread(limit)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
-    strip = not request.client_wants_meta_info
-    read = None
-    if request.surface is None:
-        try:
-            read = read_answer(body, strip=strip)
-        except NotJSON:
-            raise _not_json(attempt) from None
-    if read is not None:
-        usage, steps, body = read
-    else:  # another shape than SGLang's, or another API's surface: the whole document
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            doc = None
-        if not isinstance(doc, dict):
-            raise _not_json(attempt)
-        usage = parse_usage(doc)
-        steps = take_meta_info(doc, strip=strip)
-        if strip and b'"meta_info"' in body:
-            body = orjson.dumps(doc)
-        if request.surface is not None:
-            body = request.surface.whole(doc, request)
+    try:
+        usage, steps, body = request.surface.answer(body, request)
+    except NotJSON:
+        raise _not_json(attempt) from None
     headers: list[tuple[bytes, bytes]] = []
     if usage is not None and steps is not None:
         usage.verify_steps, usage.exact = steps, True

@@ -18,10 +18,11 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
   arrive (``HttpConnection.head_size``): a header line that never ends is refused once it passes
   the limit, not buffered, and the verdict does not depend on how the head was split into reads.
 
-Over a limit the client gets a 408, 431 or 503 (JSON in OpenAI's shape, Anthropic's on the Messages
-routes; ``Connection: close``, an ``X-Request-Id``) if nothing was answered yet, and the connection
-is closed; a response already under way is left to finish (the request's own: no second answer;
-an earlier pipelined one's: the refusal follows it, never in its midst). An unparsable request
+Over a limit the client gets a 408, 431 or 503 (JSON in the shape of the target's API, from the
+surface registry ``app.surfaces``, OpenAI's for any other path; ``Connection: close``, an
+``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response already
+under way is left to finish (the request's own: no second answer; an earlier pipelined one's:
+the refusal follows it, never in its midst). An unparsable request
 gets a 400 the same way. Each such answer is reported (``Report``: an access-log line and
 ``requests_total``), and only there: the stopped request's application records nothing
 (``ResponseLane.stopped``). A connection on which no request began is closed without an answer
@@ -42,9 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from app.anthropic.shape import ANTHROPIC, ANTHROPIC_PATHS
 from app.errors import (
     GatewayError,
     HeadersTooLarge,
@@ -55,6 +53,7 @@ from app.errors import (
 from app.proxy.direct import EXTENSION
 from app.server.lane import ResponseLane
 from app.server.uvicorn_adapter import HttpConnection
+from app.surfaces import shape_of
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +212,7 @@ class GuardedConnection(HttpConnection):
 
 def _raw_response(error: GatewayError, request_id: str, target: bytes = b"") -> bytes:
     """The whole answer, its body in the shape of the API the target belongs to."""
-    anthropic = target.split(b"?", 1)[0] in ANTHROPIC_PATHS
-    body = ANTHROPIC.error_json(error) if anthropic else orjson.dumps(error.body())
+    body = shape_of(target).error_json(error)
     reason = _REASONS.get(error.status, b"Error")
     extra = b"".join(
         b"%s: %s\r\n" % (k.lower().encode("latin-1"), v.encode("latin-1"))

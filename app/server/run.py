@@ -33,6 +33,7 @@ from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
 from app.server.sockets import listen, listen_shared
 from app.server.uvicorn_adapter import Server
+from app.surfaces import ROUTES
 from app.tenants.usage import process_path
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def guarded(gateway: Gateway, settings: Settings) -> type[GuardedConnection]:
         max_connections=settings.limits.max_connections,
         retry_after_s=settings.admission.retry_after_s,
     )
-    return guarded_protocol(limits, refusals(gateway))
+    return guarded_protocol(limits, refusals(gateway, ROUTES))
 
 
 def uvicorn_config(
