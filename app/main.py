@@ -18,7 +18,7 @@ from starlette.middleware.cors import CORSMiddleware
 from app import __version__
 from app.accesslog import AccessLog
 from app.anthropic import serve as anthropic_serve
-from app.api import anthropic, openai, ops
+from app.api import anthropic, openai, ops, responses
 from app.api.access import COMPLETION_ROUTES, AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
@@ -31,6 +31,8 @@ from app.metrics import Metrics
 from app.proxy import ingress
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
+from app.responses import serve as responses_serve
+from app.responses.store import make_store
 from app.routing.policies import make_policy
 from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
@@ -78,6 +80,9 @@ class GatewayApp:
                 return
             if path in anthropic_serve.ROUTES:
                 await anthropic_serve.serve(self._gateway, path, scope, receive, send)
+                return
+            if path == responses_serve.RESPONSES_ROUTE:
+                await responses_serve.serve(self._gateway, scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -134,6 +139,7 @@ def create_app(
         quota=quota,
         access=access,
         tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
+        responses=make_store(settings.responses, settings.limits.redis_url),
     )
 
     def publish_keys() -> None:
@@ -182,6 +188,8 @@ def create_app(
                 await limiter.close()
             if quota is not None:
                 await quota.close()
+            if gateway.responses is not None:
+                await gateway.responses.close()
             if usage is not None:  # the lines still queued, with a bounded wait
                 await asyncio.to_thread(usage.close)
             if gateway.tracer is not None:  # exports the spans still buffered
@@ -207,7 +215,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=[
                 "authorization",
                 "content-type",
@@ -223,5 +231,6 @@ def create_app(
     app.add_middleware(AccessMiddleware, gateway=gateway)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     app.include_router(ops.router)
     return GatewayApp(app, gateway, lane=not settings.cors_origins)

@@ -31,7 +31,13 @@ from app.proxy.downstream import Message, Receive, Send
 
 # The routes served in plain ASGI ahead of FastAPI, which record their own answers.
 COMPLETION_ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+    }
 )
 API_ROUTES = COMPLETION_ROUTES | {"/v1/models"}
 OPS_ROUTES = frozenset({"/livez", "/readyz", "/health", "/metrics", "/workers", "/openapi.json"})

@@ -16,6 +16,7 @@ ROUTES = (
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
 )
 MAX_MODELS = 32
 # requests_total series that exist before the first such answer (alerts divide by them).

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,9 @@ class Entry:
     parse: Callable[[Gateway, bytes], ParsedRequest]
     shape: ErrorShape = OPENAI
     limit_headers: HeaderStyle = openai_headers
+    # Instead of ``parse``, for a surface that reads state to build the body (a stored
+    # conversation): awaited with the caller's key name.
+    load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]] | None = None
 
 
 def bearer(read: dict[bytes, bytes]) -> str | None:
@@ -123,7 +126,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
         )
-        parsed = entry.parse(gw, raw)
+        parsed = entry.parse(gw, raw) if entry.load is None else await entry.load(gw, raw, key)
         check_model(gw, parsed)
     except Exception as exc:
         if trace is not None:
