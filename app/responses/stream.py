@@ -291,6 +291,7 @@ class ResponsesStream(StreamState):
 
     def _reasoning(self, text: str, out: list[bytes]) -> None:
         if self._kind != "reasoning":
+            self._close(out)
             index = len(self._output)
             item = reasoning_item(self._ctx, index, "", "in_progress")
             item["summary"] = []
@@ -313,6 +314,7 @@ class ResponsesStream(StreamState):
 
     def _text(self, text: str, out: list[bytes]) -> None:
         if self._kind != "message":
+            self._close(out)
             index = len(self._output)
             item = message_item(self._ctx, index, "", "in_progress")
             self._open("message", item, out)
@@ -327,6 +329,7 @@ class ResponsesStream(StreamState):
     def _call(self, call: tuple[Any, str | None, str | None, str | None], out: list[bytes]) -> None:
         index, call_id, name, arguments = call
         if call_id or name or self._kind != "call" or index != self._tool:
+            self._close(out)
             item = call_item(
                 self._ctx, len(self._output), call_id or "", name or "", "", "in_progress"
             )
