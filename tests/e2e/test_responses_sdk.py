@@ -90,7 +90,7 @@ def test_reasoning_effort_none_turns_thinking_off_and_length_is_incomplete(
     client: openai.OpenAI,
 ) -> None:
     out = client.responses.create(
-        model=MODEL, input="Tell me a long story.", max_output_tokens=16, reasoning={"effort": "none"}
+        model=MODEL, input="Tell me a story.", max_output_tokens=16, reasoning={"effort": "none"}
     )
     assert out.status == "incomplete"
     assert out.incomplete_details is not None
@@ -112,7 +112,10 @@ def test_tool_round_trip_with_function_call_output(client: openai.OpenAI) -> Non
         {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 21 C"},
     ]
     second = client.responses.create(
-        model=MODEL, input=follow, tools=[WEATHER], max_output_tokens=4000  # type: ignore[arg-type]
+        model=MODEL,
+        input=follow,
+        tools=[WEATHER],
+        max_output_tokens=4000,  # type: ignore[arg-type]
     )
     assert second.status == "completed"
     assert [item.type for item in second.output][-1] == "message" and second.output_text
@@ -173,7 +176,9 @@ def test_sdk_stream_helper_final_response(client: openai.OpenAI) -> None:
     assert final.status == "completed" and final.output_text == "".join(texts)
 
 
-def test_retrieve_delete_and_previous_response_id(client: openai.OpenAI, gw: ManagedProcess) -> None:
+def test_retrieve_delete_and_previous_response_id(
+    client: openai.OpenAI, gw: ManagedProcess
+) -> None:
     first = client.responses.create(model=MODEL, input="My name is Ada.", max_output_tokens=4000)
     got = client.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == first.output_text
