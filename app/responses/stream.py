@@ -57,6 +57,13 @@ from app.upstream.sse import ACCEPT_LENGTH_FIELD, StreamState, leading_error, pa
 _MAX_CARRY = 1 << 20
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
 _SEQ = b',"sequence_number":'
+# The common worker chunk (``_quick``): one content or reasoning delta, as SGLang lays it out.
+_FAST_CHOICE = b'"choices":[{"index":0,"delta":{'
+_CONTENT = b'"content":'
+_REASONING = b'"reasoning_content":'
+_FAST_END = b'"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
+_FAST_START = b'data: {"id":'
+_CUT = 1 - len(_FAST_END)  # the delta's JSON string ends where _FAST_END begins, after its quote
 _END = b"}\n\n"
 
 
@@ -119,6 +126,7 @@ class ResponsesStream(StreamState):
         "_head",
         "_item",
         "_kind",
+        "_marker",
         "_output",
         "_pieces",
         "_raw_usage",
@@ -134,6 +142,7 @@ class ResponsesStream(StreamState):
         self._seq = 0  # the next event's sequence_number
         self._output: list[dict[str, Any]] = []  # the closed items
         self._kind: str | None = None  # the open item's kind
+        self._marker: bytes | None = None  # what precedes a delta's string in ``_quick``
         self._item: dict[str, Any] = {}  # the open item (as output_item.added showed it)
         self._pieces: list[str] = []  # the open item's text or arguments so far
         self._head = b""  # the open item's delta event, up to its delta value
@@ -160,12 +169,50 @@ class ResponsesStream(StreamState):
             end = len(chunk)
         elif end + 2 < len(chunk):
             self._carry = chunk[end + 2 :]
+        if chunk.find(b"\n\n") == end:  # one event (the worker writes them one by one)
+            quick = self._quick(chunk[:end])
+            if quick is not None:
+                return quick
+            events = [chunk[:end]]
+        else:
+            events = chunk[:end].split(b"\n\n")
         out: list[bytes] = []
-        for event in chunk[:end].split(b"\n\n"):
-            at = event.find(b"data:")
-            if at >= 0:
-                self._data(event[at + 5 :].strip(), out)
+        for event in events:
+            quick = self._quick(event)
+            if quick is None:
+                at = event.find(b"data:")
+                if at >= 0:
+                    self._data(event[at + 5 :].strip(), out)
+            elif quick:
+                out.append(quick)
         return b"".join(out)
+
+    def _quick(self, event: bytes) -> bytes | None:
+        """The steady state without parsing the worker's event: one text or reasoning delta of
+        the open item's kind, nothing else, in SGLang's layout. Its JSON string is cut out,
+        checked to be exactly one string (one small parse) and written into the client's event
+        as it is. None: any other event (parsed whole by ``_data``)."""
+        marker = self._marker
+        if marker is None or not event.endswith(_FAST_END):
+            return None
+        at = event.find(marker)
+        if at < 0 or not event.startswith(_FAST_START):
+            return None
+        literal = event[at + len(marker) : _CUT]
+        try:
+            text = orjson.loads(literal)
+        except orjson.JSONDecodeError:
+            return None
+        if text.__class__ is not str:
+            return None
+        self.events += 1
+        self._steps += 1
+        if not text:
+            return b""
+        self._pieces.append(text)
+        seq = self._seq
+        self._seq = seq + 1
+        return self._head + literal + _SEQ + b"%d" % seq + _END
 
     def finish(self) -> bytes:
         """A last ``data: [DONE]`` without its blank line still ends the response."""
@@ -256,11 +303,14 @@ class ResponsesStream(StreamState):
         kind: bytes = data["type"].encode()
         return b"event: " + kind + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
-    def _delta(self, value: str) -> bytes:
+    def _delta(self, value: str, literal: bytes | None = None) -> bytes:
+        """The open item's delta event for ``value`` (``literal``: it as a JSON string)."""
         seq = self._seq
         self._seq += 1
         self._pieces.append(value)
-        return self._head + orjson.dumps(value) + _SEQ + b"%d" % seq + _END
+        if literal is None:
+            literal = orjson.dumps(value)
+        return self._head + literal + _SEQ + b"%d" % seq + _END
 
     def _response(self, status: str) -> dict[str, Any]:
         response = frame(self._ctx, status)
@@ -277,6 +327,8 @@ class ResponsesStream(StreamState):
     def _open(self, kind: str, item: dict[str, Any], out: list[bytes]) -> None:
         self._close(out)
         self._kind, self._item, self._pieces = kind, item, []
+        key = _CONTENT if kind == "message" else _REASONING if kind == "reasoning" else None
+        self._marker = None if key is None else _FAST_CHOICE + key
         index = len(self._output)
         added = {"type": "response.output_item.added", "output_index": index, "item": item}
         out.append(self._event(added))
@@ -289,7 +341,7 @@ class ResponsesStream(StreamState):
                extra.encode())
         )  # fmt: skip
 
-    def _reasoning(self, text: str, out: list[bytes]) -> None:
+    def _reasoning(self, text: str, out: list[bytes], literal: bytes | None = None) -> None:
         if self._kind != "reasoning":
             self._close(out)
             index = len(self._output)
@@ -310,9 +362,9 @@ class ResponsesStream(StreamState):
                 added = {"type": "response.content_part.added", **common}
                 out.append(self._event({**added, "content_index": 0, "part": part}))
                 self._head = self._head_for("response.reasoning_text.delta", ',"content_index":0')
-        out.append(self._delta(text))
+        out.append(self._delta(text, literal))
 
-    def _text(self, text: str, out: list[bytes]) -> None:
+    def _text(self, text: str, out: list[bytes], literal: bytes | None = None) -> None:
         if self._kind != "message":
             self._close(out)
             index = len(self._output)
@@ -324,7 +376,7 @@ class ResponsesStream(StreamState):
             self._head = self._head_for(
                 "response.output_text.delta", ',"content_index":0,"logprobs":[]'
             )
-        out.append(self._delta(text))
+        out.append(self._delta(text, literal))
 
     def _call(self, call: tuple[Any, str | None, str | None, str | None], out: list[bytes]) -> None:
         index, call_id, name, arguments = call
@@ -343,7 +395,7 @@ class ResponsesStream(StreamState):
         kind = self._kind
         if kind is None:
             return
-        self._kind = None
+        self._kind = self._marker = None
         item, text = self._item, "".join(self._pieces)
         index = len(self._output)
         common = {"item_id": item["id"], "output_index": index}
