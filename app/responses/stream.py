@@ -27,8 +27,9 @@ retried); after it, it ends the stream with ``response.failed``. So does any gat
 after the commit point (``fail``, called through the request's error shape). A chunk that is not
 a chat chunk (``choices`` not a list of objects, a delta or tool call of the wrong types) is a
 broken worker: ``UpstreamBadResponse``, retried before the commit point, ``response.failed``
-after it; a chunk is checked whole before any of its events is written, so sequence numbers
-never skip.
+after it. An event is checked whole before any of its events is written; the events of a read
+before a broken one go out, the failure with the next read (or the stream's end), so sequence
+numbers never skip.
 
 Cost per chunk: one orjson parse of the worker's event (as the Messages surface) and, for the
 common delta, one ``orjson.dumps`` of the delta string joined to bytes prepared when its item
@@ -41,7 +42,7 @@ from typing import Any
 
 import orjson
 
-from app.errors import GatewayError, UpstreamBadResponse
+from app.errors import GatewayError, UpstreamBadResponse, UpstreamError
 from app.responses.response import (
     Context,
     call_item,
@@ -128,6 +129,7 @@ class ResponsesStream(StreamState):
         "_kind",
         "_marker",
         "_output",
+        "_pending",
         "_pieces",
         "_raw_usage",
         "_seq",
@@ -152,10 +154,13 @@ class ResponsesStream(StreamState):
         self._steps = 0  # chat data events with choices
         self._failed = False
         self._finished = False  # the terminal event went out
+        self._pending: UpstreamError | None = None  # raised at the next read (see ``feed``)
 
     # -- the relay's side ----------------------------------------------------------------------
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._pending is not None:
+            raise self._pending
         if self._carry:
             chunk = self._carry + chunk
             self._carry = b""
@@ -177,14 +182,23 @@ class ResponsesStream(StreamState):
         else:
             events = chunk[:end].split(b"\n\n")
         out: list[bytes] = []
-        for event in events:
-            quick = self._quick(event)
-            if quick is None:
-                at = event.find(b"data:")
-                if at >= 0:
-                    self._data(event[at + 5 :].strip(), out)
-            elif quick:
-                out.append(quick)
+        begun = self.first_data
+        try:
+            for event in events:
+                quick = self._quick(event)
+                if quick is None:
+                    at = event.find(b"data:")
+                    if at >= 0:
+                        self._data(event[at + 5 :].strip(), out)
+                elif quick:
+                    out.append(quick)
+        except UpstreamError as exc:
+            if not begun or not out:
+                raise  # nothing of this read reaches the client
+            # The events before the broken one go out whole; the failure with the next read.
+            self._pending = exc
+        if out and self.first_data:
+            self._ctx.current = self  # the stream the client is reading (for ``fail``)
         return b"".join(out)
 
     def _quick(self, event: bytes) -> bytes | None:
@@ -216,6 +230,8 @@ class ResponsesStream(StreamState):
 
     def finish(self) -> bytes:
         """A last ``data: [DONE]`` without its blank line still ends the response."""
+        if self._pending is not None:
+            raise self._pending
         rest, self._carry = self._carry.strip(), b""
         out: list[bytes] = []
         if rest.startswith(b"data:") and rest[5:].strip() == b"[DONE]":
@@ -319,7 +335,6 @@ class ResponsesStream(StreamState):
 
     def _begin(self, out: list[bytes]) -> None:
         self.first_data = True
-        self._ctx.current = self
         response = self._response("in_progress")
         out.append(self._event({"type": "response.created", "response": response}))
         out.append(self._event({"type": "response.in_progress", "response": response}))
