@@ -1,8 +1,8 @@
 """A Responses request as the worker's chat-completions body (once per request).
 
-``input`` (a string: one user turn; or a list of items) becomes the chat ``messages``, after a
-system message holding ``instructions`` and after the stored conversation a
-``previous_response_id`` continues (``store.py``):
+``input`` (a string: one user turn; or a list of items) becomes the chat ``messages``
+(``items.py``), after a system message holding ``instructions`` and after the stored
+conversation a ``previous_response_id`` continues (``store.py``):
 
 - ``message`` items (``type`` may be left out): ``system`` and ``developer`` → a ``system``
   message in place, ``user`` and ``assistant`` as they are; content a string or parts:
@@ -20,12 +20,13 @@ system message holding ``instructions`` and after the stored conversation a
 - Any other item type (``item_reference``, ``custom_tool_call``, hosted tools' calls...) → 400
   naming it.
 
-Other fields: ``tools`` -- ``function`` tools as chat functions (``strict`` kept), ``namespace``
-tools (Codex groups some functions so) flattened to functions named ``namespace.name`` and named
-back on the way out; hosted tools (``web_search``, ``file_search``, ``code_interpreter``,
-``computer_use_preview``, ``image_generation``, ``mcp``, ``local_shell``, ``shell``,
-``apply_patch``...) and ``custom`` (free-form grammar) tools are a 400 naming the type: nothing
-here runs them, and a model offered a tool it cannot call answers differently. ``tool_choice``
+Other fields: ``tools`` (``tools.py``) -- ``function`` tools as chat functions (``strict`` kept),
+``namespace`` tools (Codex groups some functions so) flattened to functions named
+``namespace.name`` and named back on the way out; hosted tools (``web_search``,
+``file_search``, ``code_interpreter``, ``computer_use_preview``, ``image_generation``, ``mcp``,
+``local_shell``, ``shell``, ``apply_patch``...) and ``custom`` (free-form grammar) tools are a
+400 naming the type: nothing here runs them, and a model offered a tool it cannot call answers
+differently. ``tool_choice``
 (auto / none / required / a function by name), ``parallel_tool_calls``, ``max_output_tokens`` →
 ``max_tokens``, ``temperature``, ``top_p``, ``text.format`` (``text``; ``json_object`` and
 ``json_schema`` → ``response_format``), ``reasoning.effort`` → Kimi-K2.5's thinking switch
@@ -57,6 +58,8 @@ from typing import Any
 import orjson
 
 from app.errors import InvalidRequest
+from app.responses.items import input_messages
+from app.responses.tools import echo_tools, tool_choice, tools
 
 MAX_DEPTH = 64
 # About what CPython takes per container and per string decoded from JSON (bytes).
@@ -99,28 +102,8 @@ TRANSLATED = frozenset(
         "top_logprobs",
     }
 )
-HOSTED_TOOLS = frozenset(
-    {
-        "web_search",
-        "web_search_preview",
-        "web_search_2025_08_26",
-        "web_search_preview_2025_03_11",
-        "file_search",
-        "code_interpreter",
-        "computer_use_preview",
-        "computer_use",
-        "computer",
-        "image_generation",
-        "mcp",
-        "local_shell",
-        "shell",
-        "apply_patch",
-        "tool_search",
-    }
-)
 _EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
 _SUMMARIES = frozenset({"auto", "concise", "detailed"})
-_TEXT_PARTS = frozenset({"input_text", "output_text"})
 
 
 @dataclass(slots=True)
@@ -190,9 +173,9 @@ def translate(
         raise _fail("model: a non-empty string is required", "model")
     _refuse_unsupported(body)
     names: dict[str, tuple[str, str]] = {}
-    tools = _tools(body.get("tools"), names)
+    functions = tools(body.get("tools"), names)
     conversation = list(history or ())
-    _input(body.get("input"), conversation, names, has_history=bool(history))
+    input_messages(body.get("input"), conversation, has_history=bool(history))
     if len(conversation) + 1 > max_messages:
         raise _fail(f"input: at most {max_messages} messages in all", "input")
     messages: list[dict[str, Any]] = []
@@ -204,10 +187,10 @@ def translate(
             messages.append({"role": "system", "content": instructions})
     messages += conversation
     chat: dict[str, Any] = {"model": model, "messages": messages}
-    if tools:
-        chat["tools"] = tools
+    if functions:
+        chat["tools"] = functions
     echo: dict[str, Any] = {}
-    _tool_choice(body.get("tool_choice"), tools, names, chat, echo)
+    tool_choice(body.get("tool_choice"), functions, chat, echo)
     _sampling(body, chat, echo)
     summary = _reasoning(body.get("reasoning"), chat, echo)
     _text(body.get("text"), chat, echo)
@@ -226,7 +209,7 @@ def translate(
     echo.update(
         instructions=instructions if isinstance(instructions, str) else None,
         metadata=metadata or {},
-        tools=_echo_tools(body.get("tools")),
+        tools=echo_tools(body.get("tools")),
         previous_response_id=body.get("previous_response_id"),
         user=chat.get("user") if isinstance(body.get("user"), str) else None,
     )
@@ -265,242 +248,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise _fail("previous_response_id: must be a non-empty string", "previous_response_id")
-
-
-def _text_of(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise _fail(f"{where}: a string is required", where)
-    return value
-
-
-def _content(parts: list[dict[str, Any]]) -> Any:
-    """One text part alone as a string, else the parts."""
-    return parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
-
-
-def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
-    if part.get("file_id") is not None:
-        raise _fail(f"{where}.file_id: files are not supported here; send an image_url", where)
-    url = part.get("image_url")
-    if not isinstance(url, str) or not url:
-        raise _fail(f"{where}.image_url: a URL or data: URL is required", where)
-    image: dict[str, Any] = {"url": url}
-    if part.get("detail") in ("low", "high", "auto"):
-        image["detail"] = part["detail"]
-    return {"type": "image_url", "image_url": image}
-
-
-def _parts(content: Any, where: str, *, images: bool) -> Any:
-    """A message's (or a tool output's) content as chat content."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _fail(f"{where}: must be a string or an array of parts", where)
-    parts: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        at = f"{where}.{j}"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS:
-            parts.append({"type": "text", "text": _text_of(part.get("text"), f"{at}.text")})
-        elif kind == "refusal":
-            parts.append({"type": "text", "text": _text_of(part.get("refusal"), f"{at}.refusal")})
-        elif kind == "input_image" and images:
-            parts.append(_image(part, at))
-        else:
-            raise _fail(f"{at}.type: {str(kind)[:64]!r} is not supported here", at)
-    return _content(parts) if parts else ""
-
-
-def _flat(name: Any, namespace: Any, where: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise _fail(f"{where}.name: a non-empty string is required", where)
-    if namespace is None:
-        return name
-    if not isinstance(namespace, str) or not namespace:
-        raise _fail(f"{where}.namespace: must be a non-empty string", where)
-    return f"{namespace}.{name}"
-
-
-class _Turns:
-    """Builds the chat messages from input items in order."""
-
-    def __init__(self, out: list[dict[str, Any]]) -> None:
-        self.out = out
-        self.reasoning: list[str] = []
-        self.open: dict[str, Any] | None = None  # the assistant turn tool calls may join
-
-    def add(self, message: dict[str, Any]) -> None:
-        if message["role"] == "assistant":
-            if self.reasoning:
-                message["reasoning_content"] = "\n".join(self.reasoning)
-                self.reasoning = []
-            self.open = message
-        else:
-            self.open = None
-        self.out.append(message)
-
-    def call(self, call: dict[str, Any]) -> None:
-        if self.open is None:
-            self.add({"role": "assistant", "tool_calls": []})
-        assert self.open is not None
-        if self.reasoning:  # reasoning between the turn's text and its calls: the same turn
-            before = self.open.get("reasoning_content")
-            texts = [before, *self.reasoning] if before else self.reasoning
-            self.open["reasoning_content"] = "\n".join(texts)
-            self.reasoning = []
-        self.open.setdefault("tool_calls", []).append(call)
-
-
-def _input(
-    value: Any, out: list[dict[str, Any]], names: dict[str, tuple[str, str]], *, has_history: bool
-) -> None:
-    if isinstance(value, str):
-        out.append({"role": "user", "content": value})
-        return
-    if value is None and has_history:
-        return
-    if not isinstance(value, list) or (not value and not has_history):
-        raise _fail("input: a string or a non-empty array of items is required", "input")
-    turns = _Turns(out)
-    for i, item in enumerate(value):
-        where = f"input.{i}"
-        if not isinstance(item, dict):
-            raise _fail(f"{where}: must be an object", where)
-        kind = item.get("type", "message")
-        if kind == "message":
-            _message(item, where, turns)
-        elif kind == "function_call":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise _fail(f"{where}.call_id: a non-empty string is required", where)
-            name = _flat(item.get("name"), item.get("namespace"), where)
-            arguments = item.get("arguments")
-            if not isinstance(arguments, str):
-                raise _fail(f"{where}.arguments: a JSON string is required", where)
-            function = {"name": name, "arguments": arguments}
-            turns.call({"id": call_id, "type": "function", "function": function})
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise _fail(f"{where}.call_id: a non-empty string is required", where)
-            output = _parts(item.get("output"), f"{where}.output", images=True)
-            turns.add({"role": "tool", "tool_call_id": call_id, "content": output})
-        elif kind == "reasoning":
-            turns.reasoning += _reasoning_texts(item, where)
-        else:
-            raise _fail(f"{where}.type: {str(kind)[:64]!r} items are not supported here", where)
-
-
-def _message(item: dict[str, Any], where: str, turns: _Turns) -> None:
-    role = item.get("role")
-    if role not in ("user", "assistant", "system", "developer"):
-        raise _fail(f"{where}.role: must be user, assistant, system or developer", where)
-    content = _parts(item.get("content"), f"{where}.content", images=role == "user")
-    if role == "developer":
-        role = "system"
-    turns.add({"role": role, "content": content})
-
-
-def _reasoning_texts(item: dict[str, Any], where: str) -> list[str]:
-    texts: list[str] = []
-    for name in ("content", "summary"):
-        parts = item.get(name)
-        if parts is None:
-            continue
-        if not isinstance(parts, list):
-            raise _fail(f"{where}.{name}: must be an array", where)
-        for part in parts:
-            text = part.get("text") if isinstance(part, dict) else None
-            if not isinstance(text, str):
-                raise _fail(f"{where}.{name}: every part needs a string text", where)
-            if text:
-                texts.append(text)
-        if texts:
-            return texts
-    return texts
-
-
-def _function(tool: dict[str, Any], name: str, where: str) -> dict[str, Any]:
-    parameters = tool.get("parameters")
-    if parameters is None:
-        parameters = {"type": "object", "properties": {}}
-    if not isinstance(parameters, dict):
-        raise _fail(f"{where}.parameters: must be an object (a JSON schema)", where)
-    function: dict[str, Any] = {"name": name, "parameters": parameters}
-    if isinstance(tool.get("description"), str):
-        function["description"] = tool["description"]
-    if isinstance(tool.get("strict"), bool):
-        function["strict"] = tool["strict"]
-    return {"type": "function", "function": function}
-
-
-def _tools(value: Any, names: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _fail("tools: must be an array", "tools")
-    out: list[dict[str, Any]] = []
-    for i, tool in enumerate(value):
-        where = f"tools.{i}"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict):
-            raise _fail(f"{where}: must be an object", where)
-        if kind == "function":
-            out.append(_function(tool, _flat(tool.get("name"), None, where), where))
-        elif kind == "namespace":
-            space = tool.get("name")
-            inner = tool.get("tools")
-            if not isinstance(space, str) or not space or not isinstance(inner, list):
-                raise _fail(f"{where}: a namespace needs a name and an array of tools", where)
-            for j, sub in enumerate(inner):
-                at = f"{where}.tools.{j}"
-                if not isinstance(sub, dict) or sub.get("type") != "function":
-                    raise _fail(f"{at}: only function tools may be in a namespace", at)
-                flat = _flat(sub.get("name"), space, at)
-                names[flat] = (space, sub["name"])
-                out.append(_function(sub, flat, at))
-        elif kind in HOSTED_TOOLS:
-            raise _fail(
-                f"{where}.type: {kind!r} is a hosted tool, which this gateway cannot run; "
-                'offer function tools only (Codex CLI: set web_search = "disabled")',
-                where,
-            )
-        else:
-            raise _fail(f"{where}.type: {str(kind)[:64]!r} tools are not supported here", where)
-    return out
-
-
-def _echo_tools(value: Any) -> list[Any]:
-    """The tools as the Response object lists them (namespace tools as the client sent them)."""
-    return list(value) if isinstance(value, list) else []
-
-
-def _tool_choice(
-    choice: Any,
-    tools: list[dict[str, Any]],
-    names: dict[str, tuple[str, str]],
-    chat: dict[str, Any],
-    echo: dict[str, Any],
-) -> None:
-    echo["tool_choice"] = "auto"
-    if choice is None:
-        return
-    if choice in ("auto", "none", "required"):
-        if choice == "required" and not tools:
-            raise _fail('tool_choice: "required" needs at least one tool', "tool_choice")
-        if tools or choice == "none":
-            chat["tool_choice"] = choice
-        echo["tool_choice"] = choice
-        return
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind != "function" or not isinstance(choice, dict):
-        shown = str(kind if kind is not None else choice)[:64]
-        raise _fail(f"tool_choice: {shown!r} is not supported here", "tool_choice")
-    name = _flat(choice.get("name"), choice.get("namespace"), "tool_choice")
-    if name not in {tool["function"]["name"] for tool in tools}:
-        raise _fail(f"tool_choice.name: no function tool named {name[:64]!r}", "tool_choice")
-    chat["tool_choice"] = {"type": "function", "function": {"name": name}}
-    echo["tool_choice"] = choice
 
 
 def _number(body: dict[str, Any], name: str) -> Any:
