@@ -315,6 +315,11 @@ class Settings(BaseSettings):
     def _check_response_store(self) -> Settings:
         if self.responses.store == "redis" and not self.limits.redis_url:
             raise ValueError("responses.store = redis needs limits.redis_url")
+        if self.responses.store == "memory" and self.processes > 1:
+            raise ValueError(
+                "responses.store = memory keeps responses in one process: use redis with "
+                "--processes > 1"
+            )
         return self
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")

@@ -59,3 +59,5 @@ def test_no_store_by_default_and_redis_needs_a_url() -> None:
 
     with pytest.raises(ValueError, match="redis_url"):
         Settings(responses={"store": "redis"})
+    with pytest.raises(ValueError, match="one process"):
+        Settings(responses={"store": "memory"}, processes=2)
