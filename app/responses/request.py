@@ -62,8 +62,9 @@ from app.responses.items import input_messages
 from app.responses.tools import echo_tools, tool_choice, tools
 
 MAX_DEPTH = 64
-# About what CPython takes per container and per string decoded from JSON (bytes).
-_CONTAINER_COST, _STRING_COST = 64, 56
+# About what CPython takes per container, per string and per other value (a number: the object
+# and its slot) decoded from JSON, in bytes; commas count the values.
+_CONTAINER_COST, _STRING_COST, _VALUE_COST = 64, 56, 32
 _SLACK = 1 << 20  # small bodies are never refused by the estimate
 IGNORED = frozenset(
     {
@@ -131,7 +132,9 @@ def load(raw: bytes) -> dict[str, Any]:
     more memory than its size (many tiny values), and for nesting deeper than ``MAX_DEPTH``."""
     containers = raw.count(b"{") + raw.count(b"[")
     strings = raw.count(b'"') // 2
-    if containers * _CONTAINER_COST + strings * _STRING_COST > 3 * len(raw) + _SLACK:
+    values = raw.count(b",")
+    cost = containers * _CONTAINER_COST + strings * _STRING_COST + values * _VALUE_COST
+    if cost > 3 * len(raw) + _SLACK:
         raise _fail("request body holds too many JSON values for its size")
     try:
         body = orjson.loads(raw)

@@ -67,6 +67,8 @@ SCENARIOS = {
     "notjson": lambda tag: paused(GOOD, b"data: {not json\n\n", DONE),
     "whole-bad": lambda tag: hostile.response(orjson.dumps({"choices": [{"message": "x"}]})),
     "whole-ok": lambda tag: hostile.response(hostile.completion("fine")),
+    # The stream's head, then nothing: keep-alives, then the idle deadline.
+    "silent": lambda tag: hostile.stream()[: -len(b"0\r\n\r\n")],
 }  # fmt: skip
 
 
@@ -97,7 +99,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
     manager = ProcessManager(Path(tmp_path_factory.mktemp("responses-hostile")))
     with Worker() as worker:
         try:
-            env = {"DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000"}
+            env = {
+                "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
+                "DFLASH_GATEWAY_TIMEOUTS__KEEPALIVE_S": "0.2",
+                "DFLASH_GATEWAY_TIMEOUTS__IDLE_S": "1.5",
+            }
             yield gateway(manager, [worker.url], env=env)
         except BaseException:
             for logs in manager.dump_logs():
@@ -148,6 +154,15 @@ def test_a_broken_worker_after_the_first_event_ends_with_response_failed(
     failed = events[-1].response
     assert failed.status == "failed" and failed.error.code == "server_error"
     assert failed.id == events[0].response.id
+
+
+def test_keepalives_then_a_timeout_still_open_the_response_before_failing_it(
+    gw: ManagedProcess,
+) -> None:
+    response = post(gw, {"model": MODEL, "input": "silent", "stream": True})
+    assert response.text.startswith(": keep-alive\n\n")  # a comment every SSE client skips
+    kinds = [e.type for e in events_of(response)]
+    assert kinds == ["response.created", "response.in_progress", "response.failed"]
 
 
 def test_whole_answers(gw: ManagedProcess) -> None:

@@ -172,6 +172,7 @@ def test_load_bounds_memory_and_depth() -> None:
         orjson.dumps({"input": nested}),
         b'{"input":[' + b",".join([b"[]"] * 300_000) + b"]}",
         b'{"input":[' + b",".join([b'""'] * 300_000) + b"]}",
+        b'{"input":[' + b",".join([b"1.5"] * 300_000) + b"]}",
     ):
         with pytest.raises(InvalidRequest):
             load(raw)
