@@ -244,6 +244,7 @@ class ResponsesStream(StreamState):
         if self._finished:
             return b""
         self._finished = self._failed = True
+        self._kind = self._marker = None  # no delta may follow (``_quick``)
         out: list[bytes] = []
         if not self.first_data:
             self._begin(out)

@@ -117,6 +117,15 @@ def test_a_failure_after_the_start_is_response_failed_and_nothing_after_the_end(
     assert done.fail(UpstreamTimeout("late")) == b""
 
 
+def test_nothing_follows_a_workers_error_event() -> None:
+    stream = ResponsesStream(context())
+    error = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
+    out = b"".join(stream.feed(c) for c in [*WORKER[:3], error, WORKER[2], WORKER[3]])
+    out += stream.feed(b"data: [DONE]\n\n")
+    got = events(out)
+    assert got[-1].type == "response.failed" and stream.inband_error and stream.done
+
+
 def test_fail_before_any_event_still_opens_the_response() -> None:
     got = events(ResponsesStream(context()).fail(UpstreamTimeout("no first byte")))
     assert [e.type for e in got] == ["response.created", "response.in_progress", "response.failed"]
