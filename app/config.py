@@ -182,6 +182,18 @@ class LimitsConfig(_Section):
         return names
 
 
+class ResponsesConfig(_Section):
+    """Stored responses of ``/v1/responses`` (``app.responses.store``): ``none`` keeps nothing
+    (``previous_response_id`` is a 400), ``memory`` keeps them in this process, ``redis`` in the
+    Redis of ``limits.redis_url`` (shared by every replica)."""
+
+    store: Literal["none", "memory", "redis"] = "none"
+    ttl_s: float = Field(3600.0, gt=0)
+    # The in-process store's bounds (least recently used out first); a larger record is not kept.
+    max_items: int = Field(10_000, ge=1)
+    max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
+
+
 class AuthConfig(_Section):
     """Client API keys (``api_keys`` holds keys given directly) and what they protect."""
 
@@ -349,6 +361,18 @@ class Settings(BaseSettings):
     tenants: TenantsConfig = TenantsConfig()
     tracing: TracingConfig = TracingConfig()  # OpenTelemetry traces: app/tracing/config.py
     workers: WorkersConfig = WorkersConfig()
+    responses: ResponsesConfig = ResponsesConfig()
+
+    @model_validator(mode="after")
+    def _check_response_store(self) -> Settings:
+        if self.responses.store == "redis" and not self.limits.redis_url:
+            raise ValueError("responses.store = redis needs limits.redis_url")
+        if self.responses.store == "memory" and self.processes > 1:
+            raise ValueError(
+                "responses.store = memory keeps responses in one process: use redis with "
+                "--processes > 1"
+            )
+        return self
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
+    from app.responses.store import ResponseStore
     from app.tracing.otel import Tracing
 
 
@@ -35,3 +36,4 @@ class Gateway:
     draining: bool = False  # SIGTERM received: not ready (new requests served a little longer)
     accepting: bool = True  # False once the drain window closed: new requests get 503
     tracer: Tracing | None = None  # OpenTelemetry traces; None while tracing is off
+    responses: ResponseStore | None = None  # stored /v1/responses answers, when configured

@@ -17,7 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
-from app.api import openai, ops
+from app.api import openai, ops, responses
 from app.api import surfaces as api_surfaces
 from app.api.access import AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
@@ -31,6 +31,7 @@ from app.metrics import Metrics
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.proxy.ingress import serve_entry
+from app.responses.store import make_store
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
@@ -132,6 +133,7 @@ def create_app(
         quota=quota,
         access=access,
         tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
+        responses=make_store(settings.responses, settings.limits.redis_url),
     )
 
     def publish_keys() -> None:
@@ -180,6 +182,8 @@ def create_app(
                 await limiter.close()
             if quota is not None:
                 await quota.close()
+            if gateway.responses is not None:
+                await gateway.responses.close()
             if usage is not None:  # the lines still queued, with a bounded wait
                 await asyncio.to_thread(usage.close)
             if gateway.tracer is not None:  # exports the spans still buffered
@@ -206,7 +210,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=[
                 "authorization",
                 "content-type",
@@ -222,5 +226,6 @@ def create_app(
     app.add_middleware(AccessMiddleware, gateway=gateway, routes=ROUTES)
     app.include_router(api_surfaces.router(SURFACES))
     app.include_router(openai.router)
+    app.include_router(responses.router)  # GET/DELETE /v1/responses/{id}: the stored responses
     app.include_router(ops.router)
     return GatewayApp(app, gateway, lane=not settings.cors_origins)

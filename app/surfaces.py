@@ -36,10 +36,12 @@ from app.anthropic import serve as messages
 from app.proxy import ingress as openai
 from app.proxy.ingress import Entry
 from app.proxy.surface import OPENAI, ErrorShape
+from app.responses import serve as responses
 
 SURFACES: tuple[Entry, ...] = (
     *openai.ENTRIES.values(),  # POST /v1/chat/completions, /v1/completions
     *messages.ENTRIES.values(),  # POST /v1/messages, /v1/messages/count_tokens
+    *responses.ENTRIES.values(),  # POST /v1/responses
 )
 
 BY_PATH = MappingProxyType({entry.route: entry for entry in SURFACES})

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +106,9 @@ class Entry:
     surface: Surface
     limit_headers: HeaderStyle
     operation: Operation
+    # Instead of ``parse``, for a surface that reads state to build the body (a stored
+    # conversation): awaited with the caller's key name.
+    load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]] | None = None
 
 
 def bearer(read: dict[bytes, bytes]) -> str | None:
@@ -151,7 +154,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
         )
-        parsed = entry.parse(gw, raw)
+        parsed = entry.parse(gw, raw) if entry.load is None else await entry.load(gw, raw, key)
         check_model(gw, parsed)
     except Exception as exc:
         if trace is not None:
