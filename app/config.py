@@ -187,10 +187,14 @@ class ResponsesConfig(_Section):
     (``previous_response_id`` is a 400), ``memory`` keeps them in this process, ``redis`` in the
     Redis of ``limits.redis_url`` (shared by every replica)."""
 
+    # Where responses are kept for previous_response_id and GET/DELETE /v1/responses/{id}: none,
+    # memory (this process only; refused with --processes > 1) or redis (limits.redis_url).
     store: Literal["none", "memory", "redis"] = "none"
+    # Seconds a stored response stays readable after it completed.
     ttl_s: float = Field(3600.0, gt=0)
     # The in-process store's bounds (least recently used out first); a larger record is not kept.
     max_items: int = Field(10_000, ge=1)
+    # The in-process store's total size bound, in bytes of stored JSON.
     max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
 
 

@@ -18,6 +18,7 @@ def test_the_table_lists_every_api_and_chat_is_a_peer_surface() -> None:
         "/v1/completions",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/responses",
     )
     assert BY_PATH["/v1/chat/completions"].surface is CHAT
     assert BY_PATH["/v1/completions"].surface is COMPLETIONS

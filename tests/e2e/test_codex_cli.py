@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Stack, emulator, gateway
-from tests.support.npm import npm_binary
 from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.tools import npm_tool
 
 pytestmark = pytest.mark.processes
 
@@ -48,7 +48,7 @@ wire_api = "responses"
 
 @pytest.fixture(scope="module")
 def codex() -> str:
-    return npm_binary("@openai/codex", CODEX_VERSION, "codex")
+    return npm_tool("@openai/codex", CODEX_VERSION, "codex")
 
 
 @pytest.fixture(scope="module")
