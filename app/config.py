@@ -121,6 +121,10 @@ class LimitsConfig(_Section):
     # plus the admission queue, plus idle kept-alive connections from load balancers and client
     # pools), and well inside the usual 65536 open-file limit.
     max_connections: int = Field(4096, ge=1)
+    # Pipelined requests read ahead on one client connection (the one being answered included):
+    # past it the connection is not read until answers end, so one write of thousands of requests
+    # costs no more than this many at a time. Clients that pipeline rarely send more than a few.
+    max_pipelined: int = Field(16, ge=1, le=1024)
     # Used when a request sets neither max_tokens nor max_completion_tokens (None: no cap, and
     # SGLang then generates up to the context length). Kimi-K2.5 thinks before it answers and
     # the reasoning shares this budget: Moonshot advises at least 16,000 tokens for its

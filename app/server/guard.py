@@ -13,7 +13,9 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
   the idle time between requests);
 - the body within ``body_s`` of the headers;
 - a pipelined request (sent before the answer to the one ahead of it ended) is not read until
-  that answer ends: its clocks start then;
+  that answer ends: its clocks start then; at most ``max_pipelined`` requests (the one answering
+  included) are read ahead on one connection, the rest waits unread
+  (``HttpConnection.max_pipelined``);
 - the head (request line, headers, blank line) at most ``max_header_bytes``, counted as bytes
   arrive (``HttpConnection.head_size``): a header line that never ends is refused once it passes
   the limit, not buffered, and the verdict does not depend on how the head was split into reads.
@@ -80,6 +82,7 @@ class GuardLimits:
     max_header_bytes: int
     max_connections: int = 4096
     retry_after_s: int = 1  # on the 503 for a connection over max_connections
+    max_pipelined: int = 16  # requests read ahead on one connection (HttpConnection)
 
 
 class _HeadersOverLimit(Exception):
@@ -241,6 +244,7 @@ def guarded_protocol(limits: GuardLimits, report: Report | None = None) -> type[
         pass
 
     Guarded.limits = limits
+    Guarded.max_pipelined = limits.max_pipelined
     if report is not None:
         Guarded.report = staticmethod(report)
     return Guarded

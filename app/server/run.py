@@ -140,6 +140,7 @@ def guarded(gateway: Gateway, settings: Settings) -> type[GuardedConnection]:
         max_header_bytes=settings.limits.max_header_bytes,
         max_connections=settings.limits.max_connections,
         retry_after_s=settings.admission.retry_after_s,
+        max_pipelined=settings.limits.max_pipelined,
     )
     return guarded_protocol(limits, refusals(gateway))
 
