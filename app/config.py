@@ -98,6 +98,10 @@ class TimeoutConfig(_Section):
     # the headers; else 408 and the connection is closed.
     client_header_s: float = Field(10.0, gt=0)
     client_body_s: float = Field(60.0, gt=0)
+    # A client that takes none of a response's waiting bytes for client_write_s is cut off (the
+    # connection closed, what was buffered dropped): any response, refusals included. Streams
+    # are judged by their relay's own slow-reader guard (idle_s) while they run.
+    client_write_s: float = Field(60.0, gt=0)
     # An idle client connection is kept this long: longer than client pools and load balancers
     # keep theirs (httpx 5 s, ALB 60 s), so a reused connection is never closed under a request.
     client_keepalive_s: float = Field(75.0, gt=0)

@@ -258,6 +258,11 @@ class Families:
             "usage_log_dropped_lines",
             "Usage log lines dropped because the writer fell behind or the disk failed",
         )
+        self.client_write_timeouts = counter(
+            "client_write_timeouts",
+            "Client connections closed because the client took none of a response's bytes for "
+            "timeouts.client_write_s",
+        )
         self.background_restarts = counter(
             "background_task_restarts",
             "Background tasks restarted after they crashed (logged with the traceback), by task",

@@ -324,6 +324,9 @@ class Metrics(Families):
         """``limit``: one of ``LIMIT_STORES``."""
         self.limit_store_errors.labels(limit).inc()
 
+    def record_client_write_timeout(self) -> None:
+        self.client_write_timeouts.inc()
+
     def record_task_restart(self, task: str) -> None:
         """``task``: one of ``BACKGROUND_TASKS`` (``app.background.supervise``)."""
         self.background_restarts.labels(task if task in BACKGROUND_TASKS else OTHER).inc()

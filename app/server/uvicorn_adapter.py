@@ -9,8 +9,9 @@ names any attribute a new release lacks.
 
 ``HttpConnection`` is uvicorn's protocol seen through a few hooks, named for what happens on the
 connection (``opened``, ``read_done``, ``head_began``, ``head_measured``, ``head_completed``,
-``message_completed``, ``response_ended``, ``closed``, ``unparsable``), and a few services
-(``respond_and_close``, ``stop_request``, ``waiting``, ``open_connections``, ``target``).
+``message_completed``, ``response_ended``, ``writes_pending``, ``writes_moved``, ``closed``,
+``unparsable``), and a few services (``respond_and_close``, ``stop_request``, ``waiting``,
+``open_connections``, ``target``, ``unsent``, ``streaming``, ``abort``).
 ``app.server.guard`` fills in the hooks.
 
 Pipelining costs constant work per request: the requests still answering are a queue
@@ -108,6 +109,13 @@ class HttpConnection(HttpToolsProtocol):
         """A response ended and the connection is open: the next request, if one is queued
         behind it, is now answered and read."""
 
+    def writes_pending(self) -> None:
+        """Bytes wait in the connection's write buffer (``unsent``): it passed its high-water
+        mark, a response or a refusal ended with bytes still buffered."""
+
+    def writes_moved(self) -> None:
+        """The write buffer drained below its low-water mark: the client is taking bytes."""
+
     def closed(self) -> None:
         """The connection is gone."""
 
@@ -124,6 +132,22 @@ class HttpConnection(HttpToolsProtocol):
         """The current request's target as parsed so far (b"" before its first byte)."""
         url: bytes = getattr(self, "url", b"")
         return url
+
+    def unsent(self) -> int:
+        """Bytes written to the connection that the kernel has not taken yet."""
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
+    def streaming(self) -> bool:
+        """The request answering now is a started stream (its relay guards its own client)."""
+        lanes = self._unanswered()
+        return bool(lanes) and lanes[0].ready()
+
+    def abort(self) -> None:
+        """Hang up at once, dropping what is buffered (``close`` would wait to flush it)."""
+        transport = self.transport
+        if transport is not None:
+            transport.abort()
 
     def peer(self) -> str:
         client = self.client
@@ -196,6 +220,8 @@ class HttpConnection(HttpToolsProtocol):
         transport.write_eof()
         self._lingering = self.loop.call_later(LINGER_S, transport.close)
         self.flow.resume_reading()
+        if transport.get_write_buffer_size():
+            self.writes_pending()
 
     def close(self) -> None:
         transport = self.transport
@@ -337,8 +363,18 @@ class HttpConnection(HttpToolsProtocol):
         self.message_completed()
         super().on_message_complete()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.writes_pending()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.writes_moved()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.transport.get_write_buffer_size():
+            self.writes_pending()
         if self.transport.is_closing():
             return
         if self._held is None:
