@@ -170,8 +170,11 @@ class AuthConfig(_Section):
     # Every key at least 16 characters; a bad line stops start-up (a reload keeps the last set).
     keys_file: Path | None = None
     reload_s: float = Field(10.0, gt=0)
-    # Probes and scrapers need no key; set to require one on /metrics and /workers too.
-    protect_ops: bool = False
+    # /metrics and /workers (worker URLs, key names) need a key. Unset (the default): they do
+    # when API keys are configured, and the separate metrics port (metrics_port, for Prometheus)
+    # stays open; true: a key on the metrics port too; false: open to anyone who can reach them.
+    # Probes (/livez, /readyz, /health) never need one.
+    protect_ops: bool | None = None
 
     @field_validator("keys_file")
     @classmethod
@@ -286,7 +289,8 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Serve /metrics on this port instead (e.g. scraped from inside the cluster only), bound to
     # metrics_host (loopback unless set: 0.0.0.0 lets Prometheus in a cluster reach it). It has
-    # the API port's header/body deadlines and size cap, and needs a key when auth.protect_ops.
+    # the API port's header/body deadlines and size cap, and needs a key only when auth.protect_ops
+    # is set to true.
     metrics_port: int | None = Field(None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
     # Return each request's acceptance length to the client (header / usage field).

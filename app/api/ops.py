@@ -1,6 +1,7 @@
 """Operational endpoints: liveness, readiness, Prometheus metrics, the worker table (read-only).
 
-Probes never need an API key; ``/metrics`` and ``/workers`` do when ``auth.protect_ops`` is set.
+Probes never need an API key; ``/metrics`` and ``/workers`` do when API keys are configured, unless
+``auth.protect_ops`` is false (``app.api.security.ops_key_of``).
 """
 
 from __future__ import annotations
