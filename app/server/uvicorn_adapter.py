@@ -18,9 +18,10 @@ Pipelining costs constant work per request: the requests still answering are a q
 (``_lanes``, completed ones popped from its left), and at most ``max_pipelined`` of them (the one
 answering included) are read ahead on one connection. A read that holds more requests is parsed
 up to that many and its rest kept unparsed (at most one read: reading pauses meanwhile); it is
-parsed as answers end, like uvicorn's own flow control for one queued request. A read is cut
-only where a head ends (``\r\n\r\n``), and only when another head end follows in the same read,
-so a request that arrives whole is parsed in one piece as before.
+parsed as answers end, like uvicorn's own flow control for one queued request. A read is parsed
+in pieces only when it holds more than one head end (``\r\n\r\n``), each piece ending at one (a
+request that arrives whole is parsed in one piece as before), and kept back only between two
+requests, never inside one's body.
 
 ``head_size`` is the raw size of the request's head (request line, header lines, blank line),
 counted as bytes arrive: the same whether the head comes in one read or many. (A head that begins
@@ -67,6 +68,7 @@ class HttpConnection(HttpToolsProtocol):
         self._lingering: asyncio.TimerHandle | None = None
         self._dropped = 0
         self._in_head = False  # a request's first byte was parsed, its headers are not complete
+        self._in_message = False  # ... its body is not complete (a read is only cut between two)
         # Requests on this connection still answering, oldest first (more than one only when
         # pipelined: uvicorn answers them in order).
         self._lanes: deque[ResponseLane] = deque()
@@ -257,7 +259,7 @@ class HttpConnection(HttpToolsProtocol):
             if cut == end or self._stopped_reading():
                 return
             start, boundary = cut, following
-            if self.unanswered() >= self.max_pipelined:
+            if not self._in_message and self.unanswered() >= self.max_pipelined:
                 self._unread, self._unread_at = data, start
                 self.flow.pause_reading()
                 return
@@ -331,7 +333,7 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head = self._began_here = True
+        self._in_head = self._in_message = self._began_here = True
         self._mid_read = self._ended_here
         self.head_size = self._parsed = 0
         self._head_tail = b""
@@ -359,6 +361,7 @@ class HttpConnection(HttpToolsProtocol):
         self.head_completed(lane)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         self._ended_here = True
         self.message_completed()
         super().on_message_complete()

@@ -83,3 +83,26 @@ async def test_thousands_of_pipelined_requests_are_all_answered_while_others_are
             assert data.count(STATUS_200) == flood
         finally:
             writer.close()
+
+
+async def test_a_body_is_read_whole_whatever_the_pipelining_cap() -> None:
+    """A JSON body may hold blank lines (whitespace): cut there, the rest of the body is still
+    read at once, even with no request read ahead at all."""
+    body = (
+        b'{"model": "%s",\r\n\r\n"messages": [{"role": "user", "content": "hi"}],\r\n\r\n'
+        b'"stream": false}' % MODEL.encode()
+    )
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    async with GatewayHarness(
+        [FakeWorker()], limits={"max_pipelined": 1}, timeouts={"client_body_s": 2}
+    ) as gw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(gw.url.rsplit(":", 1)[1]))
+        try:
+            writer.write(request + LIVEZ)
+            data = await asyncio.wait_for(_read_answers(reader, 2), 10)
+            assert data.startswith(STATUS_200) and b'"content":"Hello!"' in data
+        finally:
+            writer.close()
