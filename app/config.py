@@ -118,6 +118,10 @@ class TimeoutConfig(_Section):
     client_header_s: float = Field(10.0, gt=0)
     # The request body must arrive within this many seconds of the headers; else 408.
     client_body_s: float = Field(60.0, gt=0)
+    # A client that takes none of a response's waiting bytes for client_write_s is cut off (the
+    # connection closed, what was buffered dropped): any response, refusals included. Streams
+    # are judged by their relay's own slow-reader guard (idle_s) while they run.
+    client_write_s: float = Field(60.0, gt=0)
     # An idle client connection is kept this long: longer than client pools and load balancers
     # keep theirs (httpx 5 s, ALB 60 s), so a reused connection is never closed under a request.
     client_keepalive_s: float = Field(75.0, gt=0)
@@ -144,6 +148,10 @@ class LimitsConfig(_Section):
     # plus the admission queue, plus idle kept-alive connections from load balancers and client
     # pools), and well inside the usual 65536 open-file limit.
     max_connections: int = Field(4096, ge=1)
+    # Pipelined requests read ahead on one client connection (the one being answered included):
+    # past it the connection is not read until answers end, so one write of thousands of requests
+    # costs no more than this many at a time. Clients that pipeline rarely send more than a few.
+    max_pipelined: int = Field(16, ge=1, le=1024)
     # Used when a request sets neither max_tokens nor max_completion_tokens (None: no cap, and
     # SGLang then generates up to the context length). Kimi-K2.5 thinks before it answers and
     # the reasoning shares this budget: Moonshot advises at least 16,000 tokens for its
@@ -206,8 +214,11 @@ class AuthConfig(_Section):
     keys_file: Path | None = None
     # Seconds between two reads of keys_file: a revoked key stops working without a restart.
     reload_s: float = Field(10.0, gt=0)
-    # Probes and scrapers need no key; set to require one on /metrics and /workers too.
-    protect_ops: bool = False
+    # /metrics and /workers (worker URLs, key names) need a key. Unset (the default): they do
+    # when API keys are configured, and the separate metrics port (metrics_port, for Prometheus)
+    # stays open; true: a key on the metrics port too; false: open to anyone who can reach them.
+    # Probes (/livez, /readyz, /health) never need one.
+    protect_ops: bool | None = None
 
     @field_validator("keys_file")
     @classmethod
@@ -345,7 +356,8 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Serve /metrics on this port instead (e.g. scraped from inside the cluster only), bound to
     # metrics_host (loopback unless set: 0.0.0.0 lets Prometheus in a cluster reach it). It has
-    # the API port's header/body deadlines and size cap, and needs a key when auth.protect_ops.
+    # the API port's header/body deadlines and size cap, and needs a key only when auth.protect_ops
+    # is set to true.
     metrics_port: int | None = Field(None, ge=1, le=65535)
     # The address metrics_port listens on.
     metrics_host: str = "127.0.0.1"

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from app.api.access import AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
 from app.auth import KeyStore
+from app.background import DEFAULT_BACKOFF, Backoff, supervise
 from app.config import Settings
 from app.errors import install_handlers
 from app.gateway import Gateway
@@ -87,17 +88,23 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
     span_exporter: SpanExporter | None = None,
+    backoff: Backoff = DEFAULT_BACKOFF,
 ) -> GatewayApp:
     """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
     jitter, random policies); ``span_exporter`` takes the spans instead of the configured
-    exporter when tracing is on."""
+    exporter when tracing is on; ``backoff``: the waits before a crashed background task is
+    restarted (``app.background``)."""
     rng = rng or random.Random()
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
     client = UpstreamClient(settings)
     metrics = Metrics(routes=ROUTES)
     keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
-    usage = UsageLog.from_config(settings.tenants, metrics.record_usage_log_dropped)
+    usage = UsageLog.from_config(
+        settings.tenants,
+        metrics.record_usage_log_dropped,
+        lambda: metrics.record_task_restart("usage"),
+    )
     if usage is not None:  # the billable requests' records, also as usage lines
         access.sink = usage.sink(ROUTES, lambda: keys.open)
     proxy = Proxy(
@@ -150,21 +157,30 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        def start(name: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+            """A background task, restarted (after a backoff) whenever it crashes."""
+            supervised = supervise(name, run, metrics.record_task_restart, backoff=backoff)
+            return asyncio.create_task(supervised, name=name)
+
         tasks = [
-            asyncio.create_task(discovery.run(publish), name="discovery"),
-            asyncio.create_task(health.run(), name="health"),
-            asyncio.create_task(health.poll_loads(), name="loads"),
+            start("discovery", lambda: discovery.run(publish)),
+            start("health", health.run),
+            start("loads", health.poll_loads),
         ]
         if metrics.multiprocess:  # --processes N: this process's gauges, for the others' scrapes
-            fresh = metrics.keep_fresh(
-                lambda: pool.workers,
-                lambda: proxy.admission.depth,
-                saturation=lambda: proxy.admission.saturation(pool.workers),
+            tasks.append(
+                start(
+                    "metrics",
+                    lambda: metrics.keep_fresh(
+                        lambda: pool.workers,
+                        lambda: proxy.admission.depth,
+                        saturation=lambda: proxy.admission.saturation(pool.workers),
+                    ),
+                )
             )
-            tasks.append(asyncio.create_task(fresh, name="metrics"))
         if settings.auth.keys_file is not None:
-            watch = keys.watch(settings.auth.reload_s, publish_keys)
-            tasks.append(asyncio.create_task(watch, name="keys"))
+            reload_s = settings.auth.reload_s
+            tasks.append(start("keys", lambda: keys.watch(reload_s, publish_keys)))
         if keys.open:
             log.warning("no API keys configured: anyone who can reach the gateway may use it")
         try:

@@ -2,7 +2,8 @@
 and the reachability probes coding agents send before their first request (``HEAD /``,
 ``HEAD /api/hello``: Claude Code's), answered 200 with no body.
 
-Probes never need an API key; ``/metrics`` and ``/workers`` do when ``auth.protect_ops`` is set.
+Probes never need an API key; ``/metrics`` and ``/workers`` do when API keys are configured, unless
+``auth.protect_ops`` is false (``app.api.security.ops_key_of``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ RETRY_REASONS = frozenset(
 SOURCES = ("exact", "estimated")
 # Token quotas a request can be refused by (``tenants.*``).
 QUOTAS = ("tokens_per_min", "tokens_per_day")
+# The supervised background tasks (``app.background``); "usage" is the usage log's writer thread.
+BACKGROUND_TASKS = ("discovery", "health", "loads", "metrics", "keys", "usage")
 # What a shared limit store (Redis) holds: request rate + concurrency limits, token quotas.
 LIMIT_STORES = ("requests", "tokens")
 
@@ -249,6 +251,16 @@ class Families:
         self.usage_log_dropped = counter(
             "usage_log_dropped_lines",
             "Usage log lines dropped because the writer fell behind or the disk failed",
+        )
+        self.client_write_timeouts = counter(
+            "client_write_timeouts",
+            "Client connections closed because the client took none of a response's bytes for "
+            "timeouts.client_write_s",
+        )
+        self.background_restarts = counter(
+            "background_task_restarts",
+            "Background tasks restarted after they crashed (logged with the traceback), by task",
+            ("task",),
         )
         self.dropped_fields = counter(
             "requests_with_dropped_fields",

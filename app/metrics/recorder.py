@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from app.metrics.families import (
+    BACKGROUND_TASKS,
     LIMIT_STORES,
     MAX_MODELS,
     OTHER,
@@ -127,6 +128,8 @@ class Metrics(Families):
             self.queue_wait.labels(priority)
         for limit in LIMIT_STORES:
             self.limit_store_errors.labels(limit)
+        for task in BACKGROUND_TASKS:
+            self.background_restarts.labels(task)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
         self._model(OTHER)
@@ -323,6 +326,13 @@ class Metrics(Families):
     def record_limit_store_error(self, limit: str) -> None:
         """``limit``: one of ``LIMIT_STORES``."""
         self.limit_store_errors.labels(limit).inc()
+
+    def record_client_write_timeout(self) -> None:
+        self.client_write_timeouts.inc()
+
+    def record_task_restart(self, task: str) -> None:
+        """``task``: one of ``BACKGROUND_TASKS`` (``app.background.supervise``)."""
+        self.background_restarts.labels(task if task in BACKGROUND_TASKS else OTHER).inc()
 
     def record_usage_log_dropped(self, lines: int = 1) -> None:
         self.usage_log_dropped.inc(lines)

@@ -92,7 +92,8 @@ def _access_lines(gw: ManagedProcess, request_id: str) -> list[dict[str, Any]]:
 
 
 def _requests_total(gw: ManagedProcess, **labels: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    ops = {"authorization": f"Bearer {KEY}"}  # keys are configured: /metrics needs one
+    text = httpx.get(gw.url + "/metrics", headers=ops, timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith("dflash_gateway_requests_total{") and all(
