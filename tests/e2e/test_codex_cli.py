@@ -67,7 +67,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, codex: str) -> Iterator[Stac
 
 def metric(gw: ManagedProcess, name: str, **labels: str) -> float:
     """The value of one series of the gateway's /metrics (0 when absent)."""
-    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    headers = {"Authorization": f"Bearer {KEY}"}  # keys are configured: /metrics needs one
+    text = httpx.get(gw.url + "/metrics", headers=headers, timeout=10).text
     wanted = [f'{k}="{v}"' for k, v in labels.items()]
     total = 0.0
     for line in text.splitlines():
