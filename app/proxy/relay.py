@@ -23,6 +23,8 @@ another shape, is parsed whole (orjson) and the surface translates it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 
 from app.errors import UpstreamBadResponse, UpstreamStreamBroken
@@ -33,13 +35,25 @@ from app.proxy.request import ParsedRequest, Route
 from app.proxy.surface import Observer
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
-from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
+from app.upstream.sse import SSEObserver, answers, foreign, parse_usage, take_meta_info
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
 
 
 def _not_json(attempt: Attempt) -> UpstreamBadResponse:
     return UpstreamBadResponse(f"worker {attempt.worker.name} answered with no JSON object")
+
+
+def expected_id(attempt: Attempt, request: ParsedRequest) -> str | None:
+    """The rid the worker's answer must carry (``app.upstream.sse.answers``), or None when its
+    answer carries nothing to check: parallel samples (``n`` > 1, fresh ids on the worker) and
+    count_tokens (no id). Those requests go on a new connection instead (``checkable``)."""
+    return attempt.rid if checkable(request) else None
+
+
+def checkable(request: ParsedRequest) -> bool:
+    """Whether the worker's answer to ``request`` says which request it answers."""
+    return request.choices == 1 and request.route is not Route.COUNT_TOKENS
 
 
 def _response(attempt: Attempt) -> UpstreamResponse:
@@ -49,12 +63,23 @@ def _response(attempt: Attempt) -> UpstreamResponse:
 
 
 async def relay_stream(
-    attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
+    attempt: Attempt,
+    down: Downstream,
+    request: ParsedRequest,
+    *,
+    expose: bool = False,
+    stray: Callable[[], None] | None = None,
 ) -> None:
     """Relay an attempt's SSE stream, noting in ``attempt.tally`` what passes (the commit point:
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
-    or ends without ``[DONE]``. ``expose``: add the estimated acceptance length to the usage
-    chunk the client asked for."""
+    or ends without ``[DONE]``, ``UpstreamForeignAnswer`` if its first event answers another
+    request. ``expose``: add the estimated acceptance length to the usage chunk the client
+    asked for.
+
+    The stream ends at the worker's ``[DONE]`` (the surface's end follows it at once): nothing
+    after it is relayed or waited for. Its connection goes back to the pool only if the
+    response's end follows with no byte more; data after ``[DONE]`` closes it and calls
+    ``stray()`` (the client's answer stands: the worker is not blamed for it)."""
     obs: Observer
     if request.surface is None:
         # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
@@ -63,6 +88,7 @@ async def relay_stream(
         obs = SSEObserver(drop_usage=drop, overhead=overhead, expose=expose)
     else:  # another API's events, translated from the worker's
         obs = request.surface.observer(request, expose=expose)
+    obs.expect = expected_id(attempt, request)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -79,13 +105,17 @@ async def relay_stream(
                     tally.first_at = clock()
                     break
         direct = down.direct()
-        if direct is not None:
+        if obs.done:
+            pass  # the whole stream came in the reads before the commit point
+        elif direct is not None:
             # Steady state in the upstream connection's read callback: no task switch per chunk.
             write, feed = direct.write, obs.feed
 
             def sink(chunk: bytes) -> bool:
                 attempt.last_rx = now = clock()
                 out = feed(chunk)
+                if obs.done:  # the stream's end: nothing after it is read
+                    response.stop()
                 if out:
                     stamp(now)
                     return write(out)
@@ -105,9 +135,19 @@ async def relay_stream(
                 if out:
                     stamp(now)
                     await chunk_out(out)
-        rest = obs.finish()
-        if rest:
-            await chunk_out(rest)
+                if obs.done:
+                    break
+        if obs.done:
+            if obs.after_done:
+                response.discard()
+                if stray is not None:
+                    stray()
+            else:
+                response.release_at_end(stray)
+        else:
+            rest = obs.finish()
+            if rest:
+                await chunk_out(rest)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=obs.first_data) from None
     finally:
@@ -142,10 +182,11 @@ async def relay_whole(
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
     strip = not request.client_wants_meta_info
+    rid = expected_id(attempt, request)
     read = None
     if request.surface is None:
         try:
-            read = read_answer(body, strip=strip)
+            read = read_answer(body, strip=strip, rid=rid)
         except NotJSON:
             raise _not_json(attempt) from None
     if read is not None:
@@ -157,6 +198,8 @@ async def relay_whole(
             doc = None
         if not isinstance(doc, dict):
             raise _not_json(attempt)
+        if rid is not None and not answers(rid, doc.get("id")):
+            raise foreign(rid, doc.get("id"))
         usage = parse_usage(doc)
         steps = take_meta_info(doc, strip=strip)
         if strip and b'"meta_info"' in body:

@@ -25,6 +25,8 @@ class Observer(Protocol):
 
     first_data: bool  # a data event reached the client: the commit point
     done: bool  # the worker's stream ended properly
+    after_done: bool  # the worker sent more after its end (never relayed)
+    expect: str | None  # the rid the first event must answer (None: not checked)
     events: int
     usage: Usage | None
     inband_error: bool
