@@ -157,14 +157,19 @@ class MessagesStream(StreamState):
             self._close(out)
             out.append(ANTHROPIC.error_events(leading_error(payload)))
             return
+        choices = obj.get("choices")
+        choice: Any = None
+        if choices:
+            choice = choices[0] if isinstance(choices, list) else None
+            if not isinstance(choice, dict):
+                raise _malformed("choices")
         if not self.first_data:
             rid = self.expect
             if rid is not None and not answers(rid, obj.get("id")):
                 raise foreign(rid, obj.get("id"))
             self.first_data = True
             out.append(self._start(obj))
-        choices = obj.get("choices")
-        if not choices:
+        if choice is None:
             if obj.get("usage") is not None:
                 self._raw_usage = obj["usage"]
                 self.usage = parse_usage(obj)
@@ -172,9 +177,6 @@ class MessagesStream(StreamState):
                     steps = self._steps - _OVERHEAD
                     self.usage.verify_steps = steps if steps > 0 else None
             return
-        choice = choices[0] if isinstance(choices, list) else None
-        if not isinstance(choice, dict):
-            raise _malformed("choices")
         self._steps += 1
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
@@ -184,7 +186,7 @@ class MessagesStream(StreamState):
         calls = delta.get("tool_calls") or ()
         if not isinstance(reasoning, str | None) or not isinstance(text, str | None):
             raise _malformed("delta text")
-        if not isinstance(calls, list | tuple):
+        if not isinstance(calls, list):
             raise _malformed("tool_calls")
         if reasoning:
             self._open("thinking", out)

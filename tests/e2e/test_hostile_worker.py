@@ -21,10 +21,10 @@ MODEL = "moonshotai/Kimi-K2.5"
 CHAT = "/v1/chat/completions"
 
 
-def completion(text: str, usage: dict[str, int] | None = None) -> bytes:
+def completion(text: str, usage: dict[str, int] | None = None, *, rid: str = "cmpl-1") -> bytes:
     return orjson.dumps(
         {
-            "id": "cmpl-1",
+            "id": rid,  # SGLang answers with the request's rid as the id
             "object": "chat.completion",
             "model": MODEL,
             "choices": [
@@ -50,10 +50,10 @@ def response(
     )
 
 
-def sse_event(text: str) -> bytes:
+def sse_event(text: str, rid: str = "c") -> bytes:
     delta = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
     return (
-        b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", **delta}) + b"\n\n"
+        b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", **delta}) + b"\n\n"
     )
 
 
@@ -78,34 +78,34 @@ HUGE = b'"usage":{"prompt_tokens":1%s,"completion_tokens":%d,"total_tokens":1}' 
 )
 
 # The worker's answer to a completion whose text is "<scenario> <tag>".
-SCENARIOS: dict[str, Callable[[str], bytes]] = {
-    "ok": lambda tag: response(completion(tag)),
-    "stray": lambda tag: response(completion(tag)) + STRAY,
-    "upgrade": lambda tag: (
+SCENARIOS: dict[str, Callable[[str, str], bytes]] = {
+    "ok": lambda tag, rid: response(completion(tag, rid=rid)),
+    "stray": lambda tag, rid: response(completion(tag, rid=rid)) + STRAY,
+    "upgrade": lambda tag, rid: (
         b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
     ),
-    "bighead": lambda tag: (
+    "bighead": lambda tag, rid: (
         b"HTTP/1.1 200 OK\r\nx-big: "
         + b"a" * (1024 * 1024)
         + b"\r\n"
-        + response(completion(tag))[17:]
+        + response(completion(tag, rid=rid))[17:]
     ),
-    "short": lambda tag: (
+    "short": lambda tag, rid: (
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
-        + completion(tag)
+        + completion(tag, rid=rid)
     ),
-    "html": lambda tag: response(completion(tag), content_type=b"text/html"),
-    "notjson": lambda tag: response(
+    "html": lambda tag, rid: response(completion(tag, rid=rid), content_type=b"text/html"),
+    "notjson": lambda tag, rid: response(
         b"<html>" + tag.encode() + b"</html>", content_type=b"text/html"
     ),
-    "toolong": lambda tag: response(SGLANG_TOO_LONG, status=b"400 Bad Request"),
+    "toolong": lambda tag, rid: response(SGLANG_TOO_LONG, status=b"400 Bad Request"),
     # Over the gateway's limits.max_response_bytes (1 MiB in this module).
-    "huge": lambda tag: response(b'{"pad":"' + b"a" * (2 * 1024 * 1024) + b'"}'),
-    "done-in-text": lambda tag: stream(sse_event(tag), sse_event("data: [DONE]")),
-    "negative": lambda tag: response(completion(tag, NEGATIVE)),
-    "hugecount": lambda tag: response(completion(tag).split(b'"usage":')[0] + HUGE + b"}"),
-    "negative-stream": lambda tag: stream(
-        sse_event(tag),
+    "huge": lambda tag, rid: response(b'{"pad":"' + b"a" * (2 * 1024 * 1024) + b'"}'),
+    "done-in-text": lambda tag, rid: stream(sse_event(tag, rid), sse_event("data: [DONE]", rid)),
+    "negative": lambda tag, rid: response(completion(tag, NEGATIVE, rid=rid)),
+    "hugecount": lambda tag, rid: response(completion(tag, rid=rid).split(b'"usage":')[0] + HUGE + b"}"),
+    "negative-stream": lambda tag, rid: stream(
+        sse_event(tag, rid),
         b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": NEGATIVE}) + b"\n\n",
         b"data: [DONE]\n\n",
     ),
@@ -168,9 +168,10 @@ class FakeWorker:
                 orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
             )
         if path == CHAT:
-            text = orjson.loads(body)["messages"][-1]["content"]
+            request = orjson.loads(body)
+            text = request["messages"][-1]["content"]
             scenario, _, tag = text.partition(" ")
-            return SCENARIOS[scenario](tag)
+            return SCENARIOS[scenario](tag, request["rid"])
         return response(b"{}")  # /health, /v1/loads, /abort_request
 
 
