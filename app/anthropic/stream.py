@@ -183,7 +183,7 @@ class MessagesStream(StreamState):
             raise _malformed("delta")
         reasoning = delta.get("reasoning_content")
         text = delta.get("content")
-        calls = delta.get("tool_calls") or ()
+        calls = delta.get("tool_calls") or []
         if not isinstance(reasoning, str | None) or not isinstance(text, str | None):
             raise _malformed("delta text")
         if not isinstance(calls, list):

@@ -23,7 +23,9 @@ CLIENTS = 4
 
 
 @pytest.fixture(scope="module")
-def stray_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, StrayWorker]]:
+def stray_gw(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ManagedProcess, StrayWorker]]:
     manager = ProcessManager(Path(tmp_path_factory.mktemp("stray")))
     with StrayWorker() as worker:
         try:
