@@ -75,9 +75,9 @@ def to_message(doc: dict[str, Any], model: str) -> dict[str, Any]:
     answer, retried on another worker."""
     choices = doc.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
-    message = choice.get("message") if isinstance(choice, dict) else None
-    if not isinstance(message, dict):
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
         raise _malformed("choices")
+    message = choice["message"]
     content: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
     text = message.get("content")
