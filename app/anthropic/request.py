@@ -26,9 +26,11 @@ included (the workers cache prefixes by themselves).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from app.errors import InvalidRequest
@@ -52,14 +54,68 @@ def _fail(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+# What a body may cost once decoded: 3x its size, plus a little for small bodies of any shape.
+SIZE_FACTOR = 3
+SIZE_SLACK = 4 * 1024 * 1024
+# How deep a body's values may nest (objects and arrays, the body itself included): far more than
+# any conversation or tool schema needs, and within what the chat body's encoder takes (254).
+MAX_DEPTH = 64
+_BIG_INT = re.compile(rb"[0-9]{19}")
+
+
 def load(raw: bytes) -> dict[str, Any]:
+    """The body as Python objects, bounded before they exist: what decoding would cost is
+    estimated from the bytes that make containers, strings and separators (an upper bound, from
+    ``bytes.count``), and a body that would cost more than ``SIZE_FACTOR`` times its size (plus
+    ``SIZE_SLACK``) is refused. Decoded by msgspec (no transient buffers; orjson, which reads a
+    number past 64 bits as a float as the chat body's encoder needs, when the bytes hold a run
+    of 19 digits). Then no value may nest deeper than ``MAX_DEPTH`` (the 400 names where)."""
+    if len(raw) > SIZE_SLACK // 100 and _decoded_size(raw) > SIZE_FACTOR * len(raw) + SIZE_SLACK:
+        raise _fail(
+            "request body holds too many JSON values for its size (objects, arrays, strings "
+            f"or numbers); at most {SIZE_FACTOR} times its size once decoded"
+        )
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        if _BIG_INT.search(raw):
+            body = orjson.loads(raw)
+        else:
+            try:
+                body = msgspec.json.decode(raw)
+            except RecursionError:  # orjson reads deeper (1024 levels): the 400 can say where
+                body = orjson.loads(raw)
+    except (orjson.JSONDecodeError, msgspec.DecodeError):
         raise _fail("request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise _fail("request body must be a JSON object")
+    where = _too_deep(body, MAX_DEPTH)
+    if where is not None:
+        raise _fail(f"{where}: nests more than {MAX_DEPTH} levels deep", where)
     return body
+
+
+def _decoded_size(raw: bytes) -> int:
+    """An upper bound on the bytes ``raw`` takes as Python objects (measured on CPython 3.11:
+    about 70-190 bytes per object or array, 55 per string, 8-32 per element, and the text)."""
+    containers = raw.count(b"{") + raw.count(b"[")
+    quotes = raw.count(b'"')  # two per string (escaped ones count too: an over-estimate)
+    separators = raw.count(b",") + raw.count(b":")
+    return len(raw) + 100 * containers + 28 * quotes + 16 * separators
+
+
+def _too_deep(body: dict[str, Any], limit: int) -> str | None:
+    """Where (``field.0.key``, up to 4 steps) a value first nests past ``limit`` levels; None
+    when none does. Walks the containers only, without recursion."""
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(body, 1, ())]
+    while stack:
+        value, depth, path = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(item, dict | list):
+                step = (*path, str(key)) if len(path) < 5 else path
+                if depth + 1 > limit:
+                    return ".".join(step)
+                stack.append((item, depth + 1, step))
+    return None
 
 
 def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = False) -> Translated:
@@ -311,8 +367,10 @@ def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         raise _fail(f"tool_choice: {kind!r} needs at least one tool", "tool_choice")
     if kind == "tool":
         name = choice.get("name")
+        if not isinstance(name, str):
+            raise _fail("tool_choice.name: a string is required", "tool_choice.name")
         if name not in {f["function"]["name"] for f in functions}:
-            raise _fail(f"tool_choice.name: no tool named {name!r}", "tool_choice")
+            raise _fail(f"tool_choice.name: no tool named {name[:100]!r}", "tool_choice.name")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:
         chat["tool_choice"] = "required" if kind == "any" else "auto"

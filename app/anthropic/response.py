@@ -56,7 +56,25 @@ def tool_input(arguments: Any) -> Any:
         value = orjson.loads(arguments)
     except orjson.JSONDecodeError:
         return {"arguments": arguments}  # what the model wrote, kept for the client to see
+    if isinstance(value, dict | list) and _deeper(value, _MAX_INPUT_DEPTH):
+        return {"arguments": arguments}  # too deep to write in the Message: kept as text
     return value if isinstance(value, dict) else {"value": value}
+
+
+# How deep parsed tool arguments may nest in a Message (its encoder stops at 254 levels).
+_MAX_INPUT_DEPTH = 64
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` objects/arrays deep (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack += [(c, depth + 1) for c in children if isinstance(c, dict | list)]
+    return False
 
 
 def message_id(chat_id: Any) -> str:
