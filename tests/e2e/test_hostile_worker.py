@@ -413,3 +413,13 @@ def test_a_malformed_chunk_after_the_first_is_an_in_band_error(gw: ManagedProces
     assert orjson.loads(last.split("data: ", 1)[1])["error"]["type"] == "api_error"
     assert metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="broken"') == failed + 1
     assert "Traceback" not in gw.logs()
+
+
+def test_a_model_name_cannot_forge_an_access_line(gw: ManagedProcess) -> None:
+    forged = "2026-12-04 17:00:00,000 INFO dflash_gateway.access: request request_id=forged"
+    for control in ("\n", "\r\n", "\u2028"):
+        body = {"model": f"nope{control}{forged}", "messages": [{"role": "user", "content": "x"}]}
+        answer = httpx.post(gw.url + CHAT, json=body, timeout=30)
+        assert answer.status_code == 404
+    poll(lambda: "nope\\x0a2026" in gw.logs())
+    assert not [line for line in gw.logs().splitlines() if line.startswith(forged[:23])]
