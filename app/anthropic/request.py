@@ -26,7 +26,7 @@ included (the workers cache prefixes by themselves).
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,10 @@ SIZE_SLACK = 4 * 1024 * 1024
 # How deep a body's values may nest (objects and arrays, the body itself included): far more than
 # any conversation or tool schema needs, and within what the chat body's encoder takes (254).
 MAX_DEPTH = 64
-_BIG_INT = re.compile(rb"[0-9]{19}")
+# Digits as "0", anything else as " ": a run of 19 "0"s is a number past 64 bits (or digits in
+# a string), found at C speed (a regular expression takes 5 times as long).
+_DIGITS = bytes(0x30 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_BIG_INT = b"0" * 19
 
 
 def load(raw: bytes) -> dict[str, Any]:
@@ -76,7 +79,7 @@ def load(raw: bytes) -> dict[str, Any]:
             f"or numbers); at most {SIZE_FACTOR} times its size once decoded"
         )
     try:
-        if _BIG_INT.search(raw):
+        if _has_big_int(raw):
             body = orjson.loads(raw)
         else:
             try:
@@ -93,6 +96,16 @@ def load(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _has_big_int(raw: bytes, window: int = 1 << 16) -> bool:
+    """Whether ``raw`` holds a run of 19 digits, read in windows (no copy of a large body)."""
+    view = memoryview(raw)
+    step = window - len(_BIG_INT)
+    return any(
+        _BIG_INT in bytes(view[at : at + window]).translate(_DIGITS)
+        for at in range(0, max(len(raw) - len(_BIG_INT), 0) + 1, step)
+    )
+
+
 def _decoded_size(raw: bytes) -> int:
     """An upper bound on the bytes ``raw`` takes as Python objects (measured on CPython 3.11:
     about 70-190 bytes per object or array, 55 per string, 8-32 per element, and the text)."""
@@ -103,18 +116,23 @@ def _decoded_size(raw: bytes) -> int:
 
 
 def _too_deep(body: dict[str, Any], limit: int) -> str | None:
-    """Where (``field.0.key``, up to 4 steps) a value first nests past ``limit`` levels; None
-    when none does. Walks the containers only, without recursion."""
-    stack: list[tuple[Any, int, tuple[str, ...]]] = [(body, 1, ())]
+    """Where (``field.0.key``, up to 5 steps) a value first nests past ``limit`` levels; None
+    when none does. Depth first, one iterator per level: what the walk holds is bounded by the
+    depth, not by the body's size."""
+    stack: list[Iterator[tuple[Any, Any]]] = [iter(body.items())]
+    keys: list[Any] = []  # the path to the container whose iterator is on top
     while stack:
-        value, depth, path = stack.pop()
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for key, item in items:
+        for key, item in stack[-1]:
             if isinstance(item, dict | list):
-                step = (*path, str(key)) if len(path) < 5 else path
-                if depth + 1 > limit:
-                    return ".".join(step)
-                stack.append((item, depth + 1, step))
+                if len(stack) + 1 > limit:
+                    return ".".join(map(str, [*keys, key][:5]))
+                keys.append(key)
+                stack.append(iter(item.items()) if isinstance(item, dict) else enumerate(item))
+                break
+        else:
+            stack.pop()
+            if keys:
+                keys.pop()
     return None
 
 
