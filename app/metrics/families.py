@@ -27,6 +27,8 @@ RETRY_REASONS = frozenset(
     }
 )
 SOURCES = ("exact", "estimated")
+# ``upstream_violations_total{worker,kind}``: how a worker's answer was out of step.
+VIOLATIONS = ("foreign_answer", "data_after_done")
 # Token quotas a request can be refused by (``tenants.*``).
 QUOTAS = ("tokens_per_min", "tokens_per_day")
 # The supervised background tasks (``app.background``); "usage" is the usage log's writer thread.
@@ -105,6 +107,14 @@ class Families:
             "upstream_attempts", "Requests sent to workers, by outcome", ("worker", "outcome")
         )
         self.retries = counter("retries", "Attempts retried on another worker", ("reason",))
+        self.upstream_violations = counter(
+            "upstream_violations",
+            "Worker answers out of step with the request, by kind: foreign_answer (the answer or "
+            "the stream's first event carried another request's id; the connection was closed "
+            "and the attempt failed), data_after_done (data after a stream's [DONE]; not "
+            "relayed, the connection closed, the client's answer kept)",
+            ("worker", "kind"),
+        )
         self.aborts_sent = counter("aborts_sent", "POST /abort_request calls sent to workers")
         self.queue_wait = histogram(
             "queue_wait_seconds",

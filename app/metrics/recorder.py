@@ -22,6 +22,7 @@ from app.metrics.families import (
     SOURCES,
     STATUSES,
     THROUGHPUT_WINDOW_S,
+    VIOLATIONS,
     WORKER_GAUGES,
     Families,
 )
@@ -187,6 +188,8 @@ class Metrics(Families):
         self._workers.add(worker)
         for outcome in ATTEMPT_OUTCOMES:
             self.upstream_attempts.labels(worker, outcome)
+        for kind in VIOLATIONS:
+            self.upstream_violations.labels(worker, kind)
         for gauge in (
             self.in_flight,
             self.worker_up,
@@ -298,6 +301,10 @@ class Metrics(Families):
 
     def record_attempt(self, worker: str, outcome: Outcome) -> None:
         self._child(self.upstream_attempts, worker, outcome).inc()
+
+    def record_violation(self, worker: str, kind: str) -> None:
+        """``kind``: one of ``VIOLATIONS``."""
+        self._child(self.upstream_violations, worker, kind).inc()
 
     def record_retry(self, reason: str) -> None:
         self._child(self.retries, reason if reason in RETRY_REASONS else OTHER).inc()

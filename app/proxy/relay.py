@@ -23,11 +23,13 @@ API's surface parses it whole (orjson) and translates it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from app.errors import UpstreamBadResponse, UpstreamStreamBroken
 from app.proxy.answer import NotJSON
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
-from app.proxy.request import ParsedRequest
+from app.proxy.request import ParsedRequest, Route
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
 
@@ -38,6 +40,18 @@ def _not_json(attempt: Attempt) -> UpstreamBadResponse:
     return UpstreamBadResponse(f"worker {attempt.worker.name} answered with no JSON object")
 
 
+def expected_id(attempt: Attempt, request: ParsedRequest) -> str | None:
+    """The rid the worker's answer must carry (``app.upstream.sse.answers``), or None when its
+    answer carries nothing to check: parallel samples (``n`` > 1, fresh ids on the worker) and
+    count_tokens (no id). Those requests go on a new connection instead (``checkable``)."""
+    return attempt.rid if checkable(request) else None
+
+
+def checkable(request: ParsedRequest) -> bool:
+    """Whether the worker's answer to ``request`` says which request it answers."""
+    return request.choices == 1 and request.route is not Route.COUNT_TOKENS
+
+
 def _response(attempt: Attempt) -> UpstreamResponse:
     response = attempt.response
     assert response is not None, "relayed before the worker responded"
@@ -45,13 +59,25 @@ def _response(attempt: Attempt) -> UpstreamResponse:
 
 
 async def relay_stream(
-    attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
+    attempt: Attempt,
+    down: Downstream,
+    request: ParsedRequest,
+    *,
+    expose: bool = False,
+    stray: Callable[[], None] | None = None,
 ) -> None:
     """Relay an attempt's SSE stream, noting in ``attempt.tally`` what passes (the commit point:
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
-    or ends without ``[DONE]``. ``expose``: add the estimated acceptance length to the usage
-    chunk the client asked for."""
+    or ends without ``[DONE]``, ``UpstreamForeignAnswer`` if its first event answers another
+    request. ``expose``: add the estimated acceptance length to the usage chunk the client
+    asked for.
+
+    The stream ends at the worker's ``[DONE]`` (the surface's end follows it at once): nothing
+    after it is relayed or waited for. Its connection goes back to the pool only if the
+    response's end follows with no byte more; data after ``[DONE]`` closes it and calls
+    ``stray()`` (the client's answer stands: the worker is not blamed for it)."""
     obs = request.surface.observer(request, expose=expose)
+    obs.expect = expected_id(attempt, request)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -68,13 +94,17 @@ async def relay_stream(
                     tally.first_at = clock()
                     break
         direct = down.direct()
-        if direct is not None:
+        if obs.done:
+            pass  # the whole stream came in the reads before the commit point
+        elif direct is not None:
             # Steady state in the upstream connection's read callback: no task switch per chunk.
             write, feed = direct.write, obs.feed
 
             def sink(chunk: bytes) -> bool:
                 attempt.last_rx = now = clock()
                 out = feed(chunk)
+                if obs.done:  # the stream's end: nothing after it is read
+                    response.stop()
                 if out:
                     stamp(now)
                     return write(out)
@@ -94,9 +124,19 @@ async def relay_stream(
                 if out:
                     stamp(now)
                     await chunk_out(out)
-        rest = obs.finish()
-        if rest:
-            await chunk_out(rest)
+                if obs.done:
+                    break
+        if obs.done:
+            if obs.after_done:
+                response.discard()
+                if stray is not None:
+                    stray()
+            else:
+                response.release_at_end(stray)
+        else:
+            rest = obs.finish()
+            if rest:
+                await chunk_out(rest)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=obs.first_data) from None
     finally:
@@ -131,7 +171,7 @@ async def relay_whole(
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
     try:
-        usage, steps, body = request.surface.answer(body, request)
+        usage, steps, body = request.surface.answer(body, request, expected_id(attempt, request))
     except NotJSON:
         raise _not_json(attempt) from None
     headers: list[tuple[bytes, bytes]] = []

@@ -20,7 +20,7 @@ import orjson
 
 from app.errors import SSE_DONE, GatewayError
 from app.proxy.answer import NotJSON, read_answer
-from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
+from app.upstream.sse import SSEObserver, answers, foreign, parse_usage, take_meta_info
 
 if TYPE_CHECKING:
     from app.proxy.request import ParsedRequest
@@ -36,6 +36,8 @@ class Observer(Protocol):
 
     first_data: bool  # a data event reached the client: the commit point
     done: bool  # the worker's stream ended properly
+    after_done: bool  # the worker sent more after its end (never relayed)
+    expect: str | None  # the rid the first event must answer (None: not checked)
     events: int
     usage: Usage | None
     inband_error: bool
@@ -80,20 +82,26 @@ class Surface(Protocol):
     def observer(self, request: ParsedRequest, *, expose: bool) -> Observer:
         """The stream observer for one upstream attempt."""
 
-    def answer(self, body: bytes, request: ParsedRequest) -> Answer:
+    def answer(self, body: bytes, request: ParsedRequest, rid: str | None) -> Answer:
         """A worker's non-streamed 2xx answer ``body`` as the client gets it; ``NotJSON`` when
-        it is not a JSON object."""
+        it is not a JSON object, ``UpstreamForeignAnswer`` when its ``id`` does not answer
+        ``rid`` (None: nothing to check)."""
 
 
-def read_document(body: bytes, *, strip: bool) -> tuple[dict[str, Any], Usage | None, int | None]:
+def read_document(
+    body: bytes, *, strip: bool, rid: str | None
+) -> tuple[dict[str, Any], Usage | None, int | None]:
     """A worker's answer as a JSON object, with its usage and verify steps (``meta_info`` taken
-    out of its choices when ``strip``); ``NotJSON`` otherwise."""
+    out of its choices when ``strip``); ``NotJSON`` otherwise, ``UpstreamForeignAnswer`` when
+    its ``id`` does not answer ``rid``."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise NotJSON from None
     if not isinstance(doc, dict):
         raise NotJSON
+    if rid is not None and not answers(rid, doc.get("id")):
+        raise foreign(rid, doc.get("id"))
     return doc, parse_usage(doc), take_meta_info(doc, strip=strip)
 
 
@@ -116,13 +124,13 @@ class OpenAISurface:
         )
 
     @staticmethod
-    def answer(body: bytes, request: ParsedRequest) -> Answer:
+    def answer(body: bytes, request: ParsedRequest, rid: str | None) -> Answer:
         strip = not request.client_wants_meta_info
-        read = read_answer(body, strip=strip)
+        read = read_answer(body, strip=strip, rid=rid)
         if read is not None:
             return read
         # Another shape than SGLang's: read as a document, re-serialised only when cut.
-        doc, usage, steps = read_document(body, strip=strip)
+        doc, usage, steps = read_document(body, strip=strip, rid=rid)
         if strip and b'"meta_info"' in body:
             body = orjson.dumps(doc)
         return usage, steps, body
@@ -139,6 +147,6 @@ class TranslatedSurface:
         """The client's body for a worker's non-streamed JSON answer ``doc``."""
         raise NotImplementedError
 
-    def answer(self, body: bytes, request: ParsedRequest) -> Answer:
-        doc, usage, steps = read_document(body, strip=not request.client_wants_meta_info)
+    def answer(self, body: bytes, request: ParsedRequest, rid: str | None) -> Answer:
+        doc, usage, steps = read_document(body, strip=not request.client_wants_meta_info, rid=rid)
         return usage, steps, self.whole(doc, request)

@@ -53,7 +53,14 @@ from app.responses.response import (
     reasoning_item,
     usage_of,
 )
-from app.upstream.sse import ACCEPT_LENGTH_FIELD, StreamState, leading_error, parse_usage
+from app.upstream.sse import (
+    ACCEPT_LENGTH_FIELD,
+    StreamState,
+    answers,
+    foreign,
+    leading_error,
+    parse_usage,
+)
 
 _MAX_CARRY = 1 << 20
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
@@ -185,6 +192,9 @@ class ResponsesStream(StreamState):
         begun = self.first_data
         try:
             for event in events:
+                if self.done:  # the worker's stream has ended: nothing after it is the client's
+                    self.after_done = self.after_done or bool(event.strip())
+                    continue
                 quick = self._quick(event)
                 if quick is None:
                     at = event.find(b"data:")
@@ -197,6 +207,9 @@ class ResponsesStream(StreamState):
                 raise  # nothing of this read reaches the client
             # The events before the broken one go out whole; the failure with the next read.
             self._pending = exc
+        if self.done and self._carry:
+            self.after_done = self.after_done or bool(self._carry.strip())
+            self._carry = b""
         if out and self.first_data:
             self._ctx.current = self  # the stream the client is reading (for ``fail``)
         return b"".join(out)
@@ -290,6 +303,9 @@ class ResponsesStream(StreamState):
             raise _bad("choices that are not a list")
         delta = _Delta(choices[0])
         if not self.first_data:
+            rid = self.expect
+            if rid is not None and not answers(rid, obj.get("id")):
+                raise foreign(rid, obj.get("id"))
             self._begin(out)
         self._steps += 1
         if delta.reasoning:

@@ -208,6 +208,7 @@ async def test_worker_gauges_come_from_the_pool_when_scraped() -> None:
     left = {name for name, lbls in series(third) if ("worker", workers[1].name) in lbls}
     assert left == {
         "dflash_gateway_upstream_attempts_total",
+        "dflash_gateway_upstream_violations_total",
         "dflash_gateway_prompt_tokens_total",
         "dflash_gateway_completion_tokens_total",
         "dflash_gateway_reasoning_tokens_total",
