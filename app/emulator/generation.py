@@ -27,6 +27,13 @@ model does not call a tool because a reminder lists it -- an emulator that did w
 agent call tools, e.g. spawn sub-agents, forever. With ``"auto"``/unset, a conversation that
 ends with a tool's result is answered in text (the model uses the result), so a tool-use round
 trip ends.
+
+``continue_final_message`` (a request whose final assistant message is continued, e.g. by a
+gateway resuming a stream on another worker): the request's text is drawn as for the
+conversation without that message, and the steps that produce the given reasoning and answer are
+replayed unseen, so a seeded or greedy request resumes exactly where the same request would
+have gone on (a step the prefix ends inside is sent from there on). Only the new steps count as
+completion tokens; the prefix counts as prompt.
 """
 
 from __future__ import annotations
@@ -93,6 +100,39 @@ class Generation:
         self.finish_reason: str | None = None
         self.matched_stop: int | str | None = None
         self.tool_called: Tool | None = None
+        self._pending: Step | None = None  # the rest of a step the prefix ended inside
+        if req.continued:
+            self._replay(req.prefix_reasoning, req.prefix_content)
+
+    def _replay(self, reasoning: str, content: str) -> None:
+        """Draw the steps that produced ``reasoning`` and ``content`` (see the module doc)."""
+        limit, stops, self._limit, self._stops = self._limit, self._stops, None, ()
+        seen_r = seen_c = 0
+        while seen_r < len(reasoning) or seen_c < len(content):
+            step = self.next_step()
+            if step is None:
+                break
+            seen_r += len(step.reasoning)
+            seen_c += len(step.content)
+            if seen_r > len(reasoning) or seen_c > len(content):
+                rest = Step(tokens=0)
+                rest.reasoning = step.reasoning[len(step.reasoning) - (seen_r - len(reasoning)) :]
+                rest.content = step.content[len(step.content) - (seen_c - len(content)) :]
+                if seen_c > len(content):
+                    rest.reasoning = ""
+                rest.tokens = 1
+                self._pending = rest
+                break
+            if self.finish_reason is not None:
+                break
+        self._limit, self._stops = limit, stops
+        self.completion_tokens = self.reasoning_tokens = 0
+        self.step_tokens = []
+        if self._pending is not None:
+            self.completion_tokens = 1
+            self.step_tokens.append(1)
+            if self._pending.reasoning:
+                self.reasoning_tokens = 1
 
     @property
     def done(self) -> bool:
@@ -104,6 +144,9 @@ class Generation:
             self.matched_stop = None
 
     def next_step(self) -> Step | None:
+        if self._pending is not None:
+            step, self._pending = self._pending, None
+            return step
         if self.finish_reason is not None:
             return None
         want = self._model.sample_accepted(self._rng) + 1

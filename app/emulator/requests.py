@@ -89,6 +89,10 @@ class GenRequest:
     regex: str | None = None  # the answer matches it
     ebnf: str | None = None  # the answer is a sentence of this grammar
     priority: int | None = None  # SGLang's scheduling priority (used with priority scheduling)
+    # ``continue_final_message``: the final assistant message's text, split at ``</think>`` into
+    # the reasoning and the answer it already holds (the generation resumes after them).
+    prefix_reasoning: str = ""
+    prefix_content: str = ""
 
     @property
     def constrained(self) -> bool:
@@ -96,7 +100,12 @@ class GenRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        return max(1, -(-len(self.prompt) // CHARS_PER_TOKEN))
+        chars = len(self.prompt) + len(self.prefix_reasoning) + len(self.prefix_content)
+        return max(1, -(-chars // CHARS_PER_TOKEN))
+
+    @property
+    def continued(self) -> bool:
+        return bool(self.prefix_reasoning or self.prefix_content)
 
 
 def _text_of(content: Any) -> str:
@@ -224,6 +233,19 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     rendered: list[str] = []
     last_user = ""
     history_calls = 0
+    prefix = ("", "")
+    last = messages[-1]
+    if (
+        body.get("continue_final_message") is True
+        and isinstance(last, dict)
+        and last.get("role") == "assistant"
+        and isinstance(last.get("content"), str)
+    ):
+        # SGLang 0.5.23 (``serving_chat.py`` ``_handle_last_assistant_message``): the message
+        # is taken out of the conversation and its string content appended, as it is, after the
+        # assistant's generation prompt; ``reasoning_content`` is not read.
+        messages = messages[:-1]
+        prefix = _split_prefix(last["content"])
     for message in messages:
         if not isinstance(message, dict):
             raise RequestError("Each message must be an object.")
@@ -260,12 +282,24 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
         tools=tools,
         tool_choice=tool_choice,
         history_tool_calls=history_calls,
-        after_tool_result=messages[-1].get("role") == "tool",
+        after_tool_result=bool(messages) and messages[-1].get("role") == "tool",
+        prefix_reasoning=prefix[0],
+        prefix_content=prefix[1],
         return_meta_info=bool(body.get("return_meta_info", False)),
         logprobs=body.get("logprobs") is True,
         top_logprobs=_count(body.get("top_logprobs")),
         **_common(body),
     )
+
+
+def _split_prefix(text: str) -> tuple[str, str]:
+    """An assistant prefix as (reasoning, answer): Kimi's raw output is ``<think>`` reasoning
+    ``</think>`` answer; an open ``<think>`` without its end is reasoning still under way."""
+    if text.startswith("<think>"):
+        body = text[len("<think>") :]
+        reasoning, end, answer = body.partition("</think>")
+        return reasoning, answer if end else ""
+    return "", text
 
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
