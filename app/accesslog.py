@@ -40,6 +40,7 @@ class AccessRecord:
     status: int = 0
     outcome: Outcome = Outcome.OK
     attempts: int = 0
+    continuations: int = 0  # attempts that continued a broken stream (app.proxy.resume)
     ttft_ms: float | None = None
     queue_ms: float | None = None  # time spent in the admission queue (None: never queued)
     duration_ms: float | None = None

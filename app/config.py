@@ -71,7 +71,8 @@ class BreakerConfig(_Section):
 
 
 class RetryConfig(_Section):
-    """Retries happen only before the commit point (see docs/contracts.md)."""
+    """Retries happen before the commit point; after it, a chat stream is continued (see
+    docs/contracts.md)."""
 
     # Attempts per request, the first included; each retry goes to a worker not tried yet.
     max_attempts: int = Field(3, ge=1)
@@ -81,6 +82,11 @@ class RetryConfig(_Section):
     backoff_max_s: float = Field(1.0, ge=0)
     # No retry once this many seconds have passed since the request's first attempt.
     budget_s: float = Field(30.0, gt=0)
+    # Continuations per chat stream that breaks after it began (worker killed, connection
+    # reset, silent past timeouts.idle_s): the stream goes on on another worker from the text
+    # relayed so far, and its client sees one stream (docs/routing.md). 0: off (an in-band
+    # error ends the stream). 2 rides out a second worker lost during the first continuation.
+    mid_stream_attempts: int = Field(2, ge=0, le=8)
 
 
 class AdmissionConfig(_Section):

@@ -27,6 +27,11 @@ RETRY_REASONS = frozenset(
     }
 )
 SOURCES = ("exact", "estimated")
+# ``stream_continuations_total{outcome}`` (``app.proxy.resume``): ok (the continuation relayed
+# the rest of the stream), failed (it broke too), and why none was started: no_worker (no other
+# healthy worker), limit (retry.mid_stream_attempts used up), not_continuable (the stream had
+# tool-call deltas or its finish already).
+CONTINUATION_OUTCOMES = ("ok", "failed", "no_worker", "limit", "not_continuable")
 # ``upstream_violations_total{worker,kind}``: how a worker's answer was out of step.
 VIOLATIONS = ("foreign_answer", "data_after_done")
 # Token quotas a request can be refused by (``tenants.*``).
@@ -107,6 +112,11 @@ class Families:
             "upstream_attempts", "Requests sent to workers, by outcome", ("worker", "outcome")
         )
         self.retries = counter("retries", "Attempts retried on another worker", ("reason",))
+        self.stream_continuations = counter(
+            "stream_continuations",
+            "Broken streams continued on another worker, by outcome (docs/routing.md)",
+            ("outcome",),
+        )
         self.upstream_violations = counter(
             "upstream_violations",
             "Worker answers out of step with the request, by kind: foreign_answer (the answer or "

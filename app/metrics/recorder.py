@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from app.metrics.families import (
     BACKGROUND_TASKS,
+    CONTINUATION_OUTCOMES,
     LIMIT_STORES,
     MAX_MODELS,
     OTHER,
@@ -133,6 +134,8 @@ class Metrics(Families):
             self.background_restarts.labels(task)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
+        for label in CONTINUATION_OUTCOMES:
+            self.stream_continuations.labels(label)
         self._model(OTHER)
         for model in models:
             self._model(model)
@@ -308,6 +311,10 @@ class Metrics(Families):
 
     def record_retry(self, reason: str) -> None:
         self._child(self.retries, reason if reason in RETRY_REASONS else OTHER).inc()
+
+    def record_continuation(self, outcome: str) -> None:
+        """``outcome``: one of ``CONTINUATION_OUTCOMES``."""
+        self._child(self.stream_continuations, outcome).inc()
 
     def record_abort(self) -> None:
         self.aborts_sent.inc()

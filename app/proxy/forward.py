@@ -24,6 +24,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
 from app.errors import (
@@ -39,8 +41,10 @@ from app.proxy.attempt import Attempt, Ended
 from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import checkable, relay_stream, relay_whole
-from app.proxy.request import ParsedRequest
+from app.proxy.request import ParsedRequest, Route
+from app.proxy.resume import Resume, Stream, continuation_body
 from app.proxy.supervisor import Supervisor
+from app.proxy.surface import Observer
 from app.routing.policies import Policy, RoutingContext
 from app.tenants.tenant import Tenant
 from app.upstream.client import UpstreamClient
@@ -54,6 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+# An attempt's upstream body by its rid and priority (``ParsedRequest.upstream_parts``'s shape).
+Body = Callable[[str, "int | None"], tuple["memoryview | bytes", ...]]
 
 
 @dataclass(slots=True)
@@ -276,12 +282,23 @@ class Proxy:
     async def _forward(
         self, job: Job, down: Downstream, sup: Supervisor
     ) -> tuple[GatewayError, Outcome] | None:
-        """Attempts until one relays the response (None), or why the request failed."""
+        """Attempts until one relays the response (None), or why the request failed: retries
+        before the commit point, continuations of a broken chat stream after it."""
         retry = self._settings.retry
         budget_end = self._clock() + retry.budget_s
         tried: set[str] = set()
         error: GatewayError | None = None
-        for number in range(1, retry.max_attempts + 1):
+        request = job.request
+        keep: Stream | None = None
+        obs: Observer | None = None
+        if self._continuable(job):
+            keep = Stream()
+            obs = request.surface.observer(request, expose=self._settings.expose_accept_length)
+        resume: Resume | None = None
+        body: Body | None = None
+        number = tries = 0
+        while True:
+            number += 1
             asked = self._clock()
             if job.trace is not None:
                 job.trace.admitting()
@@ -292,29 +309,51 @@ class Proxy:
                 )
             except ServiceUnavailable as exc:  # every worker full: queue full or timed out
                 job.queue_wait_s += self._clock() - asked
-                error = exc
+                if resume is None:
+                    error = exc
+                else:
+                    self._metrics.record_continuation("no_worker")
                 break
             except BaseException:  # ended while queued: the client left, the total deadline
                 job.queue_wait_s += self._clock() - asked
                 raise
             job.queue_wait_s += waited
             if not candidates:
+                if resume is not None:
+                    self._metrics.record_continuation("no_worker")
                 break
             worker = self._policy.pick(job.ctx, candidates)
             tried.add(worker.name)
             job.record.attempts = number
             job.record.worker = worker.name
             try:
-                await self._attempt(job, worker, down, sup)
+                await self._attempt(
+                    job, worker, down, sup, obs=obs, keep=keep, resume=resume, body=body
+                )
+                if resume is not None:
+                    self._metrics.record_continuation("ok")
                 return None
             except UpstreamError as exc:
+                if resume is not None:
+                    self._metrics.record_continuation("failed")
+                if job.committed:
+                    if resume is None:
+                        error = exc  # the in-band error, should no continuation start
+                    if keep is None:
+                        break
+                    outcome, resume, body = self._continuation(job, keep, tried)
+                    if resume is None:
+                        self._metrics.record_continuation(outcome)
+                        break
+                    continue
                 error = exc
-                last = number == retry.max_attempts or self._clock() >= budget_end
-                if job.committed or not exc.retryable or last or not self._has_other(job, tried):
+                tries += 1
+                last = tries == retry.max_attempts or self._clock() >= budget_end
+                if not exc.retryable or last or not self._has_other(job, tried):
                     break
                 self._metrics.record_retry(exc.reason)
                 log.info("retrying %s after %s on %s", job.request_id, exc.code, worker.name)
-                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (number - 1))
+                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (tries - 1))
                 await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
             finally:
                 self.admission.release()
@@ -326,12 +365,76 @@ class Proxy:
             return error, Outcome.NO_WORKER
         return error, error.outcome
 
+    def _continuable(self, job: Job) -> bool:
+        """A chat stream of one choice, with continuations on (settings and the key's policy)."""
+        request = job.request
+        return (
+            request.stream
+            and request.route is Route.CHAT
+            and request.choices == 1
+            and self._settings.retry.mid_stream_attempts > 0
+            and job.tenant.policy.continue_streams
+        )
+
+    def _continuation(
+        self, job: Job, keep: Stream, tried: set[str]
+    ) -> tuple[str, Resume | None, Body | None]:
+        """How the broken stream goes on: a ``Resume`` for the next attempt and its body, or
+        (None) the metric outcome saying why it does not."""
+        if keep.continuations >= self._settings.retry.mid_stream_attempts:
+            return "limit", None, None
+        if not self._has_other(job, tried):
+            return "no_worker", None, None
+        part = keep.partial()
+        if not part.continuable or part.id is None:
+            return "not_continuable", None, None
+        keep.continuations += 1
+        job.record.continuations = keep.continuations
+        log.info(
+            "continuing %s after %d characters (continuation %d)",
+            job.request_id,
+            len(part.reasoning) + len(part.content),
+            keep.continuations,
+        )
+        upstream = orjson.loads(job.request.upstream_body("0" * 32))
+        head = orjson.dumps(continuation_body(upstream, part))[:-1] + b","
+
+        def body(rid: str, priority: int | None) -> tuple[bytes, ...]:
+            tail = b'"rid":"' + rid.encode("ascii") + b'"}'
+            if priority is None:
+                return (head, tail)
+            return (head, b'"priority":%d,' % priority, tail)
+
+        return "", Resume(part.id, part.tokens), body
+
     def _has_other(self, job: Job, tried: set[str]) -> bool:
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))
 
-    async def _attempt(self, job: Job, worker: Worker, down: Downstream, sup: Supervisor) -> None:
+    async def _attempt(
+        self,
+        job: Job,
+        worker: Worker,
+        down: Downstream,
+        sup: Supervisor,
+        *,
+        obs: Observer | None = None,
+        keep: Stream | None = None,
+        resume: Resume | None = None,
+        body: Body | None = None,
+    ) -> None:
+        """One attempt; a continuable stream passes its lasting observer and kept reads, a
+        continuation its ``Resume`` and ``body`` too (``app.proxy.resume``)."""
         rid = self.new_rid()
+        before = job.attempt
         attempt = job.attempt = Attempt(worker, rid, sup, abort=self._abort, spawn=self._spawn)
+        if resume is not None and before is not None:
+            # The client's stream began with the first attempt: its commit point and chunk times.
+            resume.rid = rid
+            attempt.tally.first_at = before.tally.first_at
+            attempt.tally.chunk_times = before.tally.chunk_times
+        parts: Body = job.request.upstream_parts
+        if body is not None:
+            parts = body
         request, record, trace = job.request, job.record, job.trace
         expose = self._settings.expose_accept_length
         headers = job.headers if trace is None else trace.attempt(job, attempt)
@@ -341,9 +444,7 @@ class Proxy:
                     await self._client.open(
                         worker,
                         request.route.value,
-                        request.upstream_parts(
-                            rid, job.tenant.priority if self._send_priority else None
-                        ),
+                        parts(rid, job.tenant.priority if self._send_priority else None),
                         headers,
                         sent=attempt.sent,
                         # An answer that cannot be checked for its rid: where no stray can wait.
@@ -359,6 +460,9 @@ class Proxy:
                         stray=lambda: self._metrics.record_violation(
                             worker.name, "data_after_done"
                         ),
+                        obs=obs,
+                        keep=keep,
+                        resume=resume,
                     )
                     record.status = 200
                 else:

@@ -30,6 +30,8 @@ from app.proxy.answer import NotJSON
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
+from app.proxy.resume import Resume, Stream
+from app.proxy.surface import Observer
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
 
@@ -65,6 +67,9 @@ async def relay_stream(
     *,
     expose: bool = False,
     stray: Callable[[], None] | None = None,
+    obs: Observer | None = None,
+    keep: Stream | None = None,
+    resume: Resume | None = None,
 ) -> None:
     """Relay an attempt's SSE stream, noting in ``attempt.tally`` what passes (the commit point:
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
@@ -75,9 +80,18 @@ async def relay_stream(
     The stream ends at the worker's ``[DONE]`` (the surface's end follows it at once): nothing
     after it is relayed or waited for. Its connection goes back to the pool only if the
     response's end follows with no byte more; data after ``[DONE]`` closes it and calls
-    ``stray()`` (the client's answer stands: the worker is not blamed for it)."""
-    obs = request.surface.observer(request, expose=expose)
-    obs.expect = expected_id(attempt, request)
+    ``stray()`` (the client's answer stands: the worker is not blamed for it).
+
+    A continuable stream (``app.proxy.resume``) passes its observer ``obs`` (it outlives the
+    attempt) and ``keep``, which holds a reference to each read relayed; a continuation passes
+    ``resume`` too, which its reads go through first."""
+    if obs is None:
+        obs = request.surface.observer(request, expose=expose)
+    if resume is None:
+        obs.expect = expected_id(attempt, request)
+    feed = obs.feed if resume is None else resume.wrap(obs.feed)
+    if keep is not None:
+        feed = keep.keeping(feed)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -87,18 +101,19 @@ async def relay_stream(
     try:
         async for chunk in chunks:  # until the commit point
             attempt.last_rx = clock()
-            out = obs.feed(chunk)
+            out = feed(chunk)
             if out:
                 await chunk_out(out)
                 if obs.first_data:
-                    tally.first_at = clock()
+                    if tally.first_at is None:  # a continuation keeps its stream's commit point
+                        tally.first_at = clock()
                     break
         direct = down.direct()
         if obs.done:
             pass  # the whole stream came in the reads before the commit point
         elif direct is not None:
             # Steady state in the upstream connection's read callback: no task switch per chunk.
-            write, feed = direct.write, obs.feed
+            write = direct.write
 
             def sink(chunk: bytes) -> bool:
                 attempt.last_rx = now = clock()
@@ -120,7 +135,7 @@ async def relay_stream(
         else:
             async for chunk in chunks:  # steady state
                 attempt.last_rx = now = clock()
-                out = obs.feed(chunk)
+                out = feed(chunk)
                 if out:
                     stamp(now)
                     await chunk_out(out)
@@ -134,6 +149,12 @@ async def relay_stream(
             else:
                 response.release_at_end(stray)
         else:
+            if resume is not None:
+                tail = resume.finish()
+                if tail:
+                    out = obs.feed(tail)
+                    if out:
+                        await chunk_out(out)
             rest = obs.finish()
             if rest:
                 await chunk_out(rest)

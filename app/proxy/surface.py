@@ -48,6 +48,9 @@ class Observer(Protocol):
     def finish(self) -> bytes:
         """The bytes to send for what the worker left unterminated at its end."""
 
+    def resumed(self) -> None:
+        """The stream goes on from another attempt: drop what the broken one left unfinished."""
+
 
 class ErrorShape(Protocol):
     """How errors and keep-alives look to this API's clients."""

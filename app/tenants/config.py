@@ -44,6 +44,9 @@ class TenantPolicy(_Section):
     tokens_per_min: int | None = Field(None, ge=1)
     # Prompt + completion tokens per UTC day (the budget starts again at 00:00 UTC); None: none.
     tokens_per_day: int | None = Field(None, ge=1)
+    # Continue this key's chat streams on another worker when theirs breaks (up to
+    # retry.mid_stream_attempts times); false: the stream ends with an in-band error instead.
+    continue_streams: bool = True
 
     @model_validator(mode="after")
     def _ceiling(self) -> TenantPolicy:

@@ -80,6 +80,7 @@ def usage_line(ended: str, r: AccessRecord) -> bytes:
         "ttft_ms": r.ttft_ms,
         "duration_ms": r.duration_ms,
         "attempts": r.attempts,
+        "continuations": r.continuations,
     }
     return orjson.dumps(doc) + b"\n"
 

@@ -189,6 +189,11 @@ class StreamState:
         self.usage: Usage | None = None
         self.inband_error = False  # the worker sent an error event after the commit point
 
+    def resumed(self) -> None:
+        """The stream goes on from another attempt (``app.proxy.resume``): the unfinished event
+        the broken one left is dropped (its client never saw it)."""
+        self._carry = b""
+
 
 class SSEObserver(StreamState):
     __slots__ = ("_drop_usage", "_expose", "_overhead")

@@ -1,0 +1,252 @@
+"""Streams that survive their worker: a chat stream that breaks after the commit point goes on
+on another worker, and its client sees one ordinary stream.
+
+While a continuable stream is relayed, the gateway keeps a reference to each upstream read it
+relays (``Stream.keep``: one list append per read, no copy, no parsing). Only when the stream
+breaks are those bytes read (``Partial``): the answer's first ``id``, the reasoning and the answer
+text so far. The next attempt sends the same chat request with that partial answer as a final
+assistant message and SGLang's ``continue_final_message`` (``continuation_parts``): SGLang
+0.5.23 takes the last assistant message's string content out of the conversation and appends it,
+as it is, after the assistant's generation prompt (``serving_chat.py``
+``_handle_last_assistant_message`` / ``_append_assistant_prefix_to_prompt_ids``); it does not read
+that message's ``reasoning_content``. So the reasoning goes into the content the way Kimi-K2.5
+writes it: ``<think>`` reasoning, then ``</think>`` and the answer once the answer has begun.
+``max_tokens`` is what the client asked less an estimate of the tokens already streamed.
+
+The continuation's own stream passes through ``Resume`` on its way to the request's surviving
+observer (the same one the first attempt fed, so the client-facing surface needs no logic of its
+own): its first event must answer the continuation's rid (a stray answer is refused as on any
+attempt), its role chunk is dropped (the client had one), every event gets the first attempt's
+``id``, and its usage chunk counts the tokens streamed before (estimated) as completion tokens.
+Only a continued stream pays for this (one orjson parse and dump per event).
+
+Not continued: streams that already carried tool-call deltas or their finish chunk, parallel
+samples (``n`` > 1), text completions (their prompt is no chat), and whatever the settings
+(``retry.mid_stream_attempts`` = 0) or the key's policy (``continue_streams: false``) turn off.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.errors import UpstreamBadResponse
+from app.upstream.sse import answers, foreign, leading_error
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+_CHARS_PER_TOKEN = 4
+
+
+@dataclass(slots=True)
+class Partial:
+    """What the client has of the answer so far, read from the relayed events."""
+
+    id: str | None = None
+    reasoning: str = ""
+    content: str = ""
+    steps: int = 0  # data events that carried text
+    tool_calls: bool = False
+    finished: bool = False  # a finish_reason (or [DONE]) was relayed
+    role: bool = False  # the role chunk was relayed
+
+    @property
+    def continuable(self) -> bool:
+        return self.id is not None and self.role and not self.tool_calls and not self.finished
+
+    @property
+    def tokens(self) -> int:
+        """Estimated completion tokens streamed: a token per 4 characters, at least one per
+        step (SGLang sends one chunk per verify step)."""
+        chars = len(self.reasoning) + len(self.content)
+        return max(self.steps, -(-chars // _CHARS_PER_TOKEN))
+
+    def prefix(self) -> str:
+        """The partial answer as the assistant's raw text (see the module doc)."""
+        if not self.reasoning:
+            return self.content
+        if not self.content:
+            return "<think>" + self.reasoning
+        return "<think>" + self.reasoning + "</think>" + self.content
+
+
+def _whole(data: bytes) -> bytes:
+    """``data`` up to the end of its last whole event."""
+    ends = list(_EVENT_END.finditer(data))
+    return data[: ends[-1].end()] if ends else b""
+
+
+def _events(data: bytes) -> list[bytes]:
+    return [e for e in _EVENT_END.split(data) if e.strip()]
+
+
+def _payload(event: bytes) -> bytes | None:
+    """The data of an SSE event (None: a comment or other field only)."""
+    lines = [ln[5:].strip() for ln in event.splitlines() if ln.startswith(b"data:")]
+    return b"".join(lines) if lines else None
+
+
+def read_partial(data: bytes) -> Partial:
+    """The answer so far in the relayed chat events ``data`` (whole events only)."""
+    part = Partial()
+    reasoning: list[str] = []
+    content: list[str] = []
+    for event in _events(data):
+        payload = _payload(event)
+        if payload is None:
+            continue
+        if payload == b"[DONE]":
+            part.finished = True
+            continue
+        try:
+            doc = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        if part.id is None and isinstance(doc.get("id"), str):
+            part.id = doc["id"]
+        for choice in doc.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason") is not None:
+                part.finished = True
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            if delta.get("role"):
+                part.role = True
+            if delta.get("tool_calls"):
+                part.tool_calls = True
+            text = False
+            if isinstance(delta.get("reasoning_content"), str) and delta["reasoning_content"]:
+                reasoning.append(delta["reasoning_content"])
+                text = True
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                content.append(delta["content"])
+                text = True
+            part.steps += text
+    part.reasoning, part.content = "".join(reasoning), "".join(content)
+    return part
+
+
+@dataclass(slots=True)
+class Stream:
+    """One continuable stream across its attempts: the relayed upstream reads, by reference."""
+
+    chunks: list[bytes] = field(default_factory=list)
+    continuations: int = 0  # continuation attempts started
+    streamed_tokens: int = 0  # estimated completion tokens relayed before the last continuation
+
+    def keeping(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+        """``feed`` that first keeps a reference to each read it is given."""
+        keep = self.chunks.append
+
+        def feeding(chunk: bytes) -> bytes:
+            keep(chunk)
+            return feed(chunk)
+
+        return feeding
+
+    def partial(self) -> Partial:
+        """The answer so far; the kept reads are cut to their whole events (what the client has),
+        so a later continuation's events follow them cleanly."""
+        data = _whole(b"".join(self.chunks))
+        self.chunks = [data]
+        return read_partial(data)
+
+
+def continuation_body(body: dict[str, Any], part: Partial) -> dict[str, Any]:
+    """The chat request ``body`` (as sent upstream, without its rid) continued after ``part``."""
+    out = dict(body)
+    out.pop("rid", None)
+    messages = list(out.get("messages") or ())
+    messages.append({"role": "assistant", "content": part.prefix()})
+    out["messages"] = messages
+    out["continue_final_message"] = True
+    for name in ("max_tokens", "max_completion_tokens"):
+        asked = out.get(name)
+        if isinstance(asked, int) and not isinstance(asked, bool):
+            out[name] = max(1, asked - part.tokens)
+    return out
+
+
+class Resume:
+    """Turns a continuation's stream into the rest of the client's (see the module doc). Holds
+    an unfinished event until its end arrives, like the observers do."""
+
+    __slots__ = ("_carry", "_checked", "_first_id", "_role_dropped", "_tokens", "rid")
+
+    def __init__(self, first_id: str, streamed_tokens: int) -> None:
+        self._first_id = first_id
+        self.rid = ""  # the continuation attempt's own, set when it starts
+        self._tokens = streamed_tokens
+        self._carry = b""
+        self._checked = False
+        self._role_dropped = False
+
+    def wrap(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+        def feeding(chunk: bytes) -> bytes:
+            out = self.feed(chunk)
+            return feed(out) if out else b""
+
+        return feeding
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._carry + chunk
+        whole = _whole(data)
+        self._carry = data[len(whole) :]
+        if not whole:
+            return b""
+        out: list[bytes] = []
+        for event in _events(whole):
+            payload = _payload(event)
+            if payload is None or payload == b"[DONE]":
+                out.append(event + b"\n\n")
+                continue
+            if payload.startswith(b'{"error"') and not self._checked:
+                raise leading_error(payload + b"\n\n")
+            out.append(self._event(payload))
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        rest, self._carry = self._carry, b""
+        return rest if rest.strip().endswith(b"[DONE]") else b""
+
+    def _event(self, payload: bytes) -> bytes:
+        try:
+            doc = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise UpstreamBadResponse("a continuation chunk is not JSON") from None
+        if not isinstance(doc, dict):
+            raise UpstreamBadResponse("a continuation chunk is not a JSON object")
+        if "error" in doc:
+            return b"data: " + payload + b"\n\n"
+        if not self._checked:
+            if not answers(self.rid, doc.get("id")):
+                raise foreign(self.rid, doc.get("id"))
+            self._checked = True
+        doc["id"] = self._first_id
+        choices = doc.get("choices")
+        if not self._role_dropped and isinstance(choices, list) and choices:
+            choice = choices[0]
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict) and delta.get("role"):
+                self._role_dropped = True
+                if (
+                    not delta.get("content")
+                    and not delta.get("reasoning_content")
+                    and not delta.get("tool_calls")
+                    and choice.get("finish_reason") is None
+                ):
+                    return b""
+                delta.pop("role", None)
+        usage = doc.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            usage["completion_tokens"] += self._tokens
+            if isinstance(usage.get("prompt_tokens"), int):
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return b"data: " + orjson.dumps(doc) + b"\n\n"
