@@ -1,0 +1,228 @@
+"""Streams that survive their worker (``app.proxy.resume``), with real processes: three emulated
+workers, two of which drop every stream's connection after some events, and a gateway in front
+of them. Whatever worker a stream starts on, its client (curl-like httpx, the openai SDK, the
+anthropic SDK, the Responses API through the openai SDK) sees one ordinary stream with exactly
+the text the worker would have produced; with every worker failing, the in-band error as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.e2e.conftest import Stack, emulator, gateway
+from tests.support.procs import ManagedProcess, ProcessManager
+
+pytestmark = pytest.mark.processes
+
+MODEL = "moonshotai/Kimi-K2.5"
+CHAT = "/v1/chat/completions"
+KEY = "sk-continuation-e2e-0123456789"
+OFF_KEY = "sk-continuation-off-012345678"
+PROMPT = "Explain how a bicycle stays upright."
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    manager = ProcessManager(Path(tmp_path_factory.mktemp("continuation")))
+    env = {
+        "DFLASH_GATEWAY_API_KEYS": f"main:{KEY},off:{OFF_KEY}",
+        "DFLASH_GATEWAY_POLICY": "round_robin",
+        "DFLASH_GATEWAY_TENANTS__KEYS": '{"off": {"continue_streams": false}}',
+        # Workers that drop streams on purpose stay in the pool from test to test.
+        "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
+    }
+    try:
+        emus = [emulator(manager, f"emu-{n}", "--seed", "1") for n in "abc"]
+        yield Stack(gateway(manager, emus, env=env), emus)
+    except BaseException:
+        for chunk in manager.dump_logs():
+            print(chunk)
+        raise
+    finally:
+        manager.stop_all()
+
+
+@pytest.fixture
+def fresh(stack: Stack) -> Iterator[Stack]:
+    stack.reset()
+    yield stack
+    stack.reset()
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "seed": 11,
+        "stream": True,
+        **extra,
+    }
+
+
+def events_of(text: str) -> list[str]:
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def chunks_of(events: list[str]) -> list[dict[str, Any]]:
+    return [orjson.loads(e) for e in events if e != "[DONE]"]
+
+
+def texts(chunks: list[dict[str, Any]]) -> tuple[str, str, int]:
+    """The reasoning, the answer and the number of chunks that carried either."""
+    reasoning, content, steps = [], [], 0
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            r, c = delta.get("reasoning_content"), delta.get("content")
+            reasoning.append(r or "")
+            content.append(c or "")
+            steps += bool(r or c)
+    return "".join(reasoning), "".join(content), steps
+
+
+def reference(stack: Stack, **extra: Any) -> tuple[str, str, int]:
+    """What a worker produces for the request, uninterrupted (straight from a healthy one)."""
+    response = httpx.post(stack.emus[2].url + CHAT, json=body(**extra), timeout=60)
+    return texts(chunks_of(events_of(response.text)))
+
+
+def continuations(stack: Stack, outcome: str) -> float:
+    text = httpx.get(
+        stack.gw.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}, timeout=5
+    ).text
+    match = re.search(
+        r'^dflash_gateway_stream_continuations_total\{outcome="' + outcome + r'"\} (\S+)$',
+        text,
+        re.MULTILINE,
+    )
+    assert match, f"no continuations series for {outcome}"
+    return float(match.group(1))
+
+
+def break_two(stack: Stack, after: int = 25) -> None:
+    """Workers a and b drop every stream's connection after ``after`` events; c is healthy."""
+    for emu in stack.emus[:2]:
+        stack.control(emu, "/emulator/faults", {"die_after_chunks": after})
+
+
+def post(gw: ManagedProcess, payload: dict[str, Any], key: str = KEY) -> httpx.Response:
+    return httpx.post(
+        gw.url + CHAT, json=payload, headers={"authorization": f"Bearer {key}"}, timeout=60
+    )
+
+
+def test_a_broken_stream_goes_on_with_exactly_the_text_it_would_have_had(fresh: Stack) -> None:
+    want = reference(fresh)
+    break_two(fresh)
+    before = continuations(fresh, "ok")
+    for _ in range(4):  # round robin: streams start on every worker, broken or not
+        response = post(fresh.gw, body(stream_options={"include_usage": True}))
+        assert response.status_code == 200
+        events = events_of(response.text)
+        assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+        chunks = chunks_of(events)
+        assert not [c for c in chunks if "error" in c], response.text[-500:]
+        assert len({c["id"] for c in chunks}) == 1  # one id, the first attempt's
+        roles = [c for c in chunks for ch in c["choices"] if ch["delta"].get("role")]
+        assert len(roles) == 1 and chunks[0] is roles[0]
+        finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"]]
+        assert [f for f in finishes if f] == ["stop"]
+        assert texts(chunks) == want  # no text repeated or missing, chunk for chunk
+        usage = chunks[-1]["usage"]
+        assert usage["completion_tokens"] > 0 and usage["prompt_tokens"] > 0
+    assert continuations(fresh, "ok") > before
+
+
+def test_the_openai_sdk_sees_one_ordinary_stream(fresh: Stack) -> None:
+    want = reference(fresh)
+    break_two(fresh, after=40)
+    with openai.OpenAI(base_url=fresh.gw.url + "/v1", api_key=KEY, max_retries=0) as client:
+        for _ in range(3):
+            stream = client.chat.completions.create(**body())
+            chunks = list(stream)
+            assert len({c.id for c in chunks}) == 1
+            reasoning = "".join(
+                getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks
+            )
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            assert (reasoning, content) == want[:2]
+
+
+def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
+    prompt = [{"role": "user", "content": PROMPT}]
+    with anthropic.Anthropic(base_url=fresh.gw.url, api_key=KEY, max_retries=0) as client:
+
+        def message() -> tuple[str, str, list[str]]:
+            with client.messages.stream(
+                model=MODEL,
+                max_tokens=4000,
+                messages=prompt,  # type: ignore[arg-type]
+                extra_body={"seed": 11},
+            ) as stream:
+                kinds = [e.type for e in stream]
+                final = stream.get_final_message()
+            thinking = "".join(b.thinking for b in final.content if b.type == "thinking")
+            text = "".join(b.text for b in final.content if b.type == "text")
+            assert final.stop_reason == "end_turn"
+            return thinking, text, kinds
+
+        want = message()  # uninterrupted: every worker healthy
+        break_two(fresh, after=12)
+        for _ in range(3):
+            got = message()
+            assert got[:2] == want[:2]
+            assert got[2].count("message_start") == 1 and got[2].count("message_stop") == 1
+            assert got[2] == want[2]  # the same events: nothing repeated or missing
+
+    fresh.reset()
+    with openai.OpenAI(base_url=fresh.gw.url + "/v1", api_key=KEY, max_retries=0) as oai:
+
+        def response() -> tuple[str, list[str]]:
+            with oai.responses.stream(
+                model=MODEL, input=PROMPT, max_output_tokens=4000, extra_body={"seed": 11}
+            ) as rstream:
+                kinds = [e.type for e in rstream]
+                done = rstream.get_final_response()
+            assert done.status == "completed"
+            return done.output_text, kinds
+
+        rwant = response()
+        break_two(fresh, after=12)
+        for _ in range(3):
+            text, kinds = response()
+            assert text == rwant[0]
+            assert kinds.count("response.created") == 1
+            assert kinds.count("response.completed") == 1
+            assert kinds == rwant[1]
+
+
+def test_with_every_worker_failing_the_stream_ends_with_an_in_band_error(fresh: Stack) -> None:
+    for emu in fresh.emus:
+        fresh.control(emu, "/emulator/faults", {"die_after_chunks": 6})
+    response = post(fresh.gw, body())
+    events = events_of(response.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert orjson.loads(events[-2])["error"]["code"] == "stream_interrupted"
+    chunks = chunks_of(events[:-2])
+    assert len({c["id"] for c in chunks}) == 1
+    # Six events from the first worker, five more (no second role chunk) from each of the two
+    # continuations (retry.mid_stream_attempts = 2), then the error.
+    assert len(chunks) == 6 + 5 + 5
+
+
+def test_a_key_that_turned_continuations_off_gets_the_in_band_error(fresh: Stack) -> None:
+    for emu in fresh.emus:
+        fresh.control(emu, "/emulator/faults", {"die_after_chunks": 6})
+    events = events_of(post(fresh.gw, body(), key=OFF_KEY).text)
+    assert events[-1] == "[DONE]"
+    assert orjson.loads(events[-2])["error"]["code"] == "stream_interrupted"
+    assert len(events) == 6 + 2
