@@ -38,6 +38,7 @@ FIELDS = [
     "ttft_ms",
     "duration_ms",
     "attempts",
+    "continuations",
 ]
 ROUTE = "/v1/chat/completions"
 
