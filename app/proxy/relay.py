@@ -91,7 +91,7 @@ async def relay_stream(
         obs.expect = expected_id(attempt, request)
     feed = obs.feed if resume is None else resume.wrap(obs.feed)
     if keep is not None:
-        feed = keep.keeping(feed)
+        feed = keep.keeping(feed, obs)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -164,6 +164,8 @@ async def relay_stream(
         tally.events = obs.events
         if obs.usage is not None:
             tally.usage = obs.usage
+    if keep is not None and keep.failed is not None:
+        raise keep.failed  # the worker's in-band error, held back: continued from here
     if not obs.done:
         broken = UpstreamStreamBroken(
             f"worker {attempt.worker.name} ended the stream without [DONE]"

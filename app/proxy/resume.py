@@ -30,14 +30,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.errors import UpstreamBadResponse
+from app.errors import UpstreamBadResponse, UpstreamStatusError
 from app.upstream.sse import answers, foreign, leading_error
 
+if TYPE_CHECKING:
+    from app.proxy.surface import Observer
+
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+_ERROR_EVENT = re.compile(rb'(?:^|\n)data:[ \t]*\{"error"')
 _CHARS_PER_TOKEN = 4
 
 
@@ -139,17 +143,35 @@ class Stream:
 
     chunks: list[bytes] = field(default_factory=list)
     continuations: int = 0  # continuation attempts started
-    streamed_tokens: int = 0  # estimated completion tokens relayed before the last continuation
+    # The worker's own in-band error (5xx) that broke the attempt: not relayed, continued from.
+    failed: UpstreamStatusError | None = None
 
-    def keeping(self, feed: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
-        """``feed`` that first keeps a reference to each read it is given."""
+    def keeping(self, feed: Callable[[bytes], bytes], obs: Observer) -> Callable[[bytes], bytes]:
+        """``feed`` that first keeps a reference to each read it is given. After the commit
+        point a worker's in-band error event that is the worker's fault (5xx, or no status)
+        is held back with everything after it (its ``[DONE]``): the attempt then ends as a
+        broken stream (``failed``), to be continued; a 4xx one passes as before."""
+        self.failed = None
         keep = self.chunks.append
 
         def feeding(chunk: bytes) -> bytes:
+            if self.failed is not None:
+                return b""
+            if b'{"error"' in chunk and obs.first_data:
+                chunk = self._cut(chunk)
             keep(chunk)
             return feed(chunk)
 
         return feeding
+
+    def _cut(self, chunk: bytes) -> bytes:
+        """``chunk`` up to a worker-fault error event in it (noted in ``failed``)."""
+        for match in _ERROR_EVENT.finditer(chunk):
+            error = leading_error(chunk[match.end() - len(b'{"error"') :])
+            if error.status >= 500:
+                self.failed = error
+                return chunk[: match.start() + (chunk[match.start()] == 10)]
+        return chunk
 
     def partial(self) -> Partial:
         """The answer so far; the kept reads are cut to their whole events (what the client has),

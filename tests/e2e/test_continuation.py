@@ -226,3 +226,16 @@ def test_a_key_that_turned_continuations_off_gets_the_in_band_error(fresh: Stack
     assert events[-1] == "[DONE]"
     assert orjson.loads(events[-2])["error"]["code"] == "stream_interrupted"
     assert len(events) == 6 + 2
+
+
+def test_a_workers_in_band_error_is_continued_from_too(fresh: Stack) -> None:
+    want = reference(fresh)
+    for emu in fresh.emus[:2]:
+        fresh.control(emu, "/emulator/faults", {"inband_error_after_chunks": 9})
+    for _ in range(3):
+        events = events_of(post(fresh.gw, body()).text)
+        assert events.count("[DONE]") == 1
+        chunks = chunks_of(events)
+        assert not [c for c in chunks if "error" in c]
+        assert len({c["id"] for c in chunks}) == 1
+        assert texts(chunks) == want
