@@ -10,7 +10,10 @@ assistant message and SGLang's ``continue_final_message`` (``continuation_parts`
 as it is, after the assistant's generation prompt (``serving_chat.py``
 ``_handle_last_assistant_message`` / ``_append_assistant_prefix_to_prompt_ids``); it does not read
 that message's ``reasoning_content``. So the reasoning goes into the content the way Kimi-K2.5
-writes it: ``<think>`` reasoning, then ``</think>`` and the answer once the answer has begun.
+writes it: ``<think>`` reasoning, then ``</think>`` and the answer once the answer has begun. Its
+reasoning parser reads the same text (``parser/reasoning_parser.py``: ``ReasoningParser`` built
+with the request passes it as ``previous_content``; an open ``<think>`` means the new text is
+reasoning, a ``</think>`` that it is the answer).
 ``max_tokens`` is what the client asked less an estimate of the tokens already streamed.
 
 The continuation's own stream passes through ``Resume`` on its way to the request's surviving
@@ -19,6 +22,11 @@ own): its first event must answer the continuation's rid (a stray answer is refu
 attempt), its role chunk is dropped (the client had one), every event gets the first attempt's
 ``id``, and its usage chunk counts the tokens streamed before (estimated) as completion tokens.
 Only a continued stream pays for this (one orjson parse and dump per event).
+
+What breaks a stream: the connection dropped or reset, the idle deadline, the end without
+``[DONE]``, and after the commit point a worker's in-band error event of the worker's fault (5xx or
+no status: ``Stream.keeping`` holds it back, with the ``[DONE]`` after it, instead of relaying it);
+a 4xx in-band error is relayed as before.
 
 Not continued: streams that already carried tool-call deltas or their finish chunk, parallel
 samples (``n`` > 1), text completions (their prompt is no chat), and whatever the settings
