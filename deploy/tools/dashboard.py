@@ -350,7 +350,7 @@ def panels() -> list[dict[str, Any]]:
     )
     g.add(
         timeseries(
-            "Retries, upstream failures, aborts",
+            "Retries, upstream failures, aborts, stream continuations",
             "reqps",
             [
                 target(
@@ -363,6 +363,10 @@ def panels() -> list[dict[str, Any]]:
                     "attempt {{outcome}}",
                 ),
                 target(f"sum(rate({P}aborts_sent_total[$__rate_interval]))", "aborts sent"),
+                target(
+                    f"sum by (outcome) (rate({P}stream_continuations_total[$__rate_interval]))",
+                    "continuation {{outcome}}",
+                ),
             ],
         ),
         w=8,
