@@ -8,7 +8,9 @@ back to back while every ``--kill-every`` seconds one emulator (in turn) is SIGK
 ``--down`` seconds, restarted on its port. Then it checks, from the clients' side, the gateway's
 JSON access log and the emulators' stats files (ground truth that survives SIGKILL):
 
-- every request ended with a complete stream + ``[DONE]`` or an in-band error event + ``[DONE]``;
+- every request ended with a complete stream + ``[DONE]`` or an in-band error event + ``[DONE]``
+  (with one worker killed at a time, streams broken by a kill go on on another worker:
+  ``continued``, and no in-band error is expected);
   none hung past ``--request-timeout`` and none failed outright (HTTP error / truncated stream);
 - none failed before its commit point (no relayed event yet): those must have been retried;
 - no client request (X-Request-Id) was generated to completion twice, and every complete stream
@@ -83,6 +85,7 @@ class ChaosReport:
     failed: int = 0
     retried: int = 0
     retried_ok: int = 0
+    continued: int = 0  # requests whose stream went on on another worker (access log)
     kills: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     failed_ids: list[str] = field(default_factory=list)
@@ -322,6 +325,15 @@ def access_attempts(gateway_log: Path) -> dict[str, int]:
     }
 
 
+def access_continued(gateway_log: Path) -> int:
+    """Requests the access log says were continued on another worker after a break."""
+    return sum(
+        1
+        for doc in _json_lines(gateway_log)
+        if doc.get("logger") == "dflash_gateway.access" and (doc.get("continuations") or 0) > 0
+    )
+
+
 def completed_generations(stats_dir: Path) -> Counter[str]:
     done: Counter[str] = Counter()
     for path in stats_dir.glob("*.jsonl"):
@@ -383,6 +395,7 @@ async def run_chaos(procs: ProcessManager, config: ChaosConfig, workdir: Path) -
         await asyncio.sleep(0.1)
         attempts = access_attempts(gw.log_path)
     check(report, results, attempts, completed_generations(stats_dir))
+    report.continued = access_continued(gw.log_path)
     return report
 
 

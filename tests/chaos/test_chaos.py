@@ -1,5 +1,6 @@
 """The short chaos run (``make chaos`` runs it for 5 minutes): 3 emulated workers with stats files,
-64 concurrent streams, one worker SIGKILLed every 10 s and restarted, for 30 s."""
+64 concurrent streams, one worker SIGKILLed every 10 s and restarted, for 30 s. Streams cut by a
+kill are continued on another worker (``app.proxy.resume``): every request ends complete."""
 
 from __future__ import annotations
 
@@ -22,4 +23,6 @@ async def test_every_request_is_accounted_for_while_workers_die(
     assert report.violations == [], summary
     # Every request ended one of the two allowed ways.
     assert report.ok + report.inband_errors == report.requests, summary
-    assert report.ok > report.inband_errors, summary
+    # Streams cut by a kill went on on another worker (one is always up): none ended in error.
+    assert report.continued > 0, summary
+    assert report.inband_errors == 0, summary

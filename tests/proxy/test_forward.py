@@ -180,6 +180,18 @@ async def test_worker_dying_mid_stream_gives_error_event_then_done() -> None:
     assert evs[:-2] == chat_chunks(worker.requests[0]["rid"], worker.texts)[:3]
 
 
+async def test_a_whole_answer_cut_after_the_worker_began_is_retried_from_scratch() -> None:
+    # Nothing reached the client yet: the request is retried on another worker, as it is.
+    bad, good = FakeWorker(die_after=0), FakeWorker()
+    async with GatewayHarness([bad, good], policy="round_robin") as gw:
+        results = [await gw.post(CHAT, chat()) for _ in range(2)]
+    for ex in results:
+        assert ex.status == 200
+        assert orjson.loads(ex.body)["choices"][0]["message"]["content"] == "Hello!"
+    assert bad.requests and len(good.requests) == 2
+    assert bad.requests[0]["messages"] == good.requests[0]["messages"]
+
+
 @pytest.mark.parametrize(
     "failure", [{"fail_status": 503}, {"die_after": 0}, {"leading_error": 503}]
 )

@@ -227,6 +227,13 @@ class FakeWorker:
             if self.meta_info is not None and body.get("return_meta_info"):
                 for choice in doc["choices"]:
                     choice["meta_info"] = dict(self.meta_info)
+            if self.die_after is not None:  # the answer begun, then the connection drops
+                data = orjson.dumps(doc)
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                writer.write(head + b"content-length: %d\r\n\r\n" % len(data) + data[:20])
+                await writer.drain()
+                writer.transport.close()
+                return False
             await _answer(writer, 200, doc)
             return True
         writer.write(_SSE_HEAD)
