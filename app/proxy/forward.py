@@ -252,6 +252,10 @@ class Proxy:
         if attempt is not None and usage is not None:
             steps = usage.verify_steps
             source: str | None = "exact" if usage.exact else "estimated"
+            if record.continuations:
+                # A continued stream's steps ran on several workers: no acceptance figure is
+                # credited to the last one (its tokens are counted).
+                steps = source = None
             mean = attempt.worker.load.accept_length
             if steps is None and usage.completion_tokens and mean:
                 # No per-request figure (a non-streamed text completion): the worker's own mean
