@@ -392,6 +392,10 @@ class Proxy:
         part = keep.partial()
         if not part.continuable or part.id is None:
             return "not_continuable", None, None
+        continued = continuation_body(orjson.loads(job.request.upstream_body("0" * 32)), part)
+        if continued is None:
+            return "not_continuable", None, None
+        head = orjson.dumps(continued)[:-1] + b","
         keep.continuations += 1
         job.record.continuations = keep.continuations
         log.info(
@@ -400,8 +404,6 @@ class Proxy:
             len(part.reasoning) + len(part.content),
             keep.continuations,
         )
-        upstream = orjson.loads(job.request.upstream_body("0" * 32))
-        head = orjson.dumps(continuation_body(upstream, part))[:-1] + b","
 
         def body(rid: str, priority: int | None) -> tuple[bytes, ...]:
             tail = b'"rid":"' + rid.encode("ascii") + b'"}'

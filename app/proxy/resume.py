@@ -28,8 +28,10 @@ What breaks a stream: the connection dropped or reset, the idle deadline, the en
 no status: ``Stream.keeping`` holds it back, with the ``[DONE]`` after it, instead of relaying it);
 a 4xx in-band error is relayed as before.
 
-Not continued: streams that already carried tool-call deltas or their finish chunk, parallel
-samples (``n`` > 1), text completions (their prompt is no chat), and whatever the settings
+Not continued: streams that already carried tool-call deltas (SGLang 0.5.23 gives its tool-call
+parser nothing of a continued message: cut arguments would come back as text) or their finish
+chunk, parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that
+continue a final assistant message themselves, and whatever the settings
 (``retry.mid_stream_attempts`` = 0) or the key's policy (``continue_streams: false``) turn off.
 """
 
@@ -189,8 +191,11 @@ class Stream:
         return read_partial(data)
 
 
-def continuation_body(body: dict[str, Any], part: Partial) -> dict[str, Any]:
-    """The chat request ``body`` (as sent upstream, without its rid) continued after ``part``."""
+def continuation_body(body: dict[str, Any], part: Partial) -> dict[str, Any] | None:
+    """The chat request ``body`` (as sent upstream) continued after ``part``, without a rid;
+    None for a request that itself continues a final assistant message (not continued)."""
+    if body.get("continue_final_message") is True:
+        return None
     out = dict(body)
     out.pop("rid", None)
     messages = list(out.get("messages") or ())

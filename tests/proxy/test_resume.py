@@ -113,3 +113,9 @@ def test_a_workers_5xx_in_band_error_is_held_back_a_4xx_one_passes() -> None:
     feed = keep.keeping(obs.feed, obs)
     bad = b'data: {"error":{"message":"too long","code":400}}\n\n'
     assert feed(text + bad) == text + bad and keep.failed is None
+
+
+def test_a_request_continuing_its_own_assistant_message_is_not_continued() -> None:
+    part = read_partial(chunk(FIRST, {"role": "assistant"}) + chunk(FIRST, {"content": "x"}))
+    own = {"messages": [{"role": "assistant", "content": "Sure"}], "continue_final_message": True}
+    assert continuation_body(own, part) is None
