@@ -7,7 +7,9 @@ the text the worker would have produced; with every worker failing, the in-band 
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import pytest
 
 from tests.e2e.conftest import Stack, emulator, gateway
 from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.processes
 
@@ -237,5 +240,20 @@ def test_a_workers_in_band_error_is_continued_from_too(fresh: Stack) -> None:
         assert events.count("[DONE]") == 1
         chunks = chunks_of(events)
         assert not [c for c in chunks if "error" in c]
+        assert len({c["id"] for c in chunks}) == 1
+        assert texts(chunks) == want
+
+
+def test_curl_sees_one_stream(fresh: Stack) -> None:
+    curl = require_tool("curl")
+    want = reference(fresh)
+    break_two(fresh, after=30)
+    for _ in range(3):
+        cmd = [curl, "-sN", fresh.gw.url + CHAT, "-H", f"authorization: Bearer {KEY}"]
+        cmd += ["-H", "content-type: application/json", "-d", json.dumps(body())]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+        events = events_of(out)
+        assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
+        chunks = chunks_of(events)
         assert len({c["id"] for c in chunks}) == 1
         assert texts(chunks) == want
