@@ -11,6 +11,8 @@ import pytest
 from app.errors import UpstreamForeignAnswer, UpstreamStatusError
 from app.proxy.resume import Resume, Stream, continuation_body, read_partial
 from app.upstream.sse import SSEObserver
+from tests.proxy.test_forward import CHAT, chat
+from tests.support.gateway import FakeWorker, GatewayHarness
 
 FIRST, RID = "a" * 32, "b" * 32
 
@@ -119,3 +121,25 @@ def test_a_request_continuing_its_own_assistant_message_is_not_continued() -> No
     part = read_partial(chunk(FIRST, {"role": "assistant"}) + chunk(FIRST, {"content": "x"}))
     own = {"messages": [{"role": "assistant", "content": "Sure"}], "continue_final_message": True}
     assert continuation_body(own, part) is None
+
+
+async def test_a_worker_gone_silent_is_continued_on_another_with_the_text_so_far() -> None:
+    # The first worker pauses after its role chunk and two texts; the idle deadline ends it.
+    silent = FakeWorker(hold_after=3, texts=("Hel", "lo", " wor", "ld"))
+    other = FakeWorker(texts=(" wor", "ld"))  # what it continues with
+    async with GatewayHarness(
+        [silent, other], policy="round_robin", timeouts={"idle_s": 0.3}
+    ) as gw:
+        ex = await gw.post(CHAT, chat(stream=True, max_tokens=50))
+    assert ex.status == 200 and not silent.requests[1:]
+    (sent,) = other.requests
+    assert sent["continue_final_message"] is True
+    assert sent["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert sent["max_tokens"] == 48  # 50 less the two chunks streamed
+    events = [e for e in ex.body.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and b'"error"' not in ex.body
+    docs = [orjson.loads(e[5:]) for e in events[:-1]]
+    assert {d["id"] for d in docs} == {silent.requests[0]["rid"]}
+    text = "".join(c["delta"].get("content") or "" for d in docs for c in d["choices"])
+    assert text == "Hello world"
+    assert [d for d in docs if d["choices"] and d["choices"][0]["delta"].get("role")] == docs[:1]
