@@ -436,6 +436,8 @@ class Proxy:
         if resume is not None and before is not None:
             # The client's stream began with the first attempt: its commit point and chunk times.
             resume.rid = rid
+            if obs is not None:
+                obs.resumed()
             attempt.tally.first_at = before.tally.first_at
             attempt.tally.chunk_times = before.tally.chunk_times
         parts: Body = job.request.upstream_parts

@@ -141,6 +141,9 @@ async def relay_stream(
                     await chunk_out(out)
                 if obs.done:
                     break
+        if obs.broken is not None:  # a worker-fault error event, held back
+            response.discard()
+            raise obs.broken
         if obs.done:
             if obs.after_done:
                 response.discard()
@@ -164,8 +167,6 @@ async def relay_stream(
         tally.events = obs.events
         if obs.usage is not None:
             tally.usage = obs.usage
-    if keep is not None and keep.failed is not None:
-        raise keep.failed  # the worker's in-band error, held back: continued from here
     if not obs.done:
         broken = UpstreamStreamBroken(
             f"worker {attempt.worker.name} ended the stream without [DONE]"

@@ -25,7 +25,8 @@ Only a continued stream pays for this (one orjson parse and dump per event).
 
 What breaks a stream: the connection dropped or reset, the idle deadline, the end without
 ``[DONE]``, and after the commit point a worker's in-band error event of the worker's fault (5xx or
-no status: ``Stream.keeping`` holds it back, with the ``[DONE]`` after it, instead of relaying it);
+no status: held back by the observer, with the ``[DONE]`` after it, instead of relayed:
+``Stream.keeping``);
 a 4xx in-band error is relayed as before.
 
 Not continued: streams that already carried tool-call deltas (SGLang 0.5.23 gives its tool-call
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from app.errors import UpstreamBadResponse, UpstreamStatusError
+from app.errors import UpstreamBadResponse
 from app.upstream.sse import answers, foreign, leading_error
 
 if TYPE_CHECKING:
@@ -153,40 +154,42 @@ class Stream:
 
     chunks: list[bytes] = field(default_factory=list)
     continuations: int = 0  # continuation attempts started
-    # The worker's own in-band error (5xx) that broke the attempt: not relayed, continued from.
-    failed: UpstreamStatusError | None = None
 
     def keeping(self, feed: Callable[[bytes], bytes], obs: Observer) -> Callable[[bytes], bytes]:
-        """``feed`` that first keeps a reference to each read it is given. After the commit
-        point a worker's in-band error event that is the worker's fault (5xx, or no status)
-        is held back with everything after it (its ``[DONE]``): the attempt then ends as a
-        broken stream (``failed``), to be continued; a 4xx one passes as before."""
-        self.failed = None
+        """``feed`` that first keeps a reference to each read it is given, with the observer
+        holding back a worker-fault in-band error after the commit point (``obs.broken``: the
+        attempt then fails as a broken stream, to be continued; a 4xx error passes as before).
+        An observer that cannot (``holds_errors`` false) has its reads looked at here first."""
         keep = self.chunks.append
+        if obs.holds_errors:
+            obs.hold_errors = True
 
-        def feeding(chunk: bytes) -> bytes:
-            if self.failed is not None:
-                return b""
+            def feeding(chunk: bytes) -> bytes:
+                keep(chunk)
+                return feed(chunk)
+
+            return feeding
+
+        def scanning(chunk: bytes) -> bytes:
+            if obs.broken is not None:
+                return b""  # what follows the held error: its [DONE]
             if b'{"error"' in chunk and obs.first_data:
-                chunk = self._cut(chunk)
+                head = obs.hold(chunk)
+                if head is not None:
+                    obs.done = False  # the translation never saw the stream's end
+                    chunk = head
             keep(chunk)
             return feed(chunk)
 
-        return feeding
-
-    def _cut(self, chunk: bytes) -> bytes:
-        """``chunk`` up to a worker-fault error event in it (noted in ``failed``)."""
-        for match in _ERROR_EVENT.finditer(chunk):
-            error = leading_error(chunk[match.end() - len(b'{"error"') :])
-            if error.status >= 500:
-                self.failed = error
-                return chunk[: match.start() + (chunk[match.start()] == 10)]
-        return chunk
+        return scanning
 
     def partial(self) -> Partial:
         """The answer so far; the kept reads are cut to their whole events (what the client has),
         so a later continuation's events follow them cleanly."""
         data = _whole(b"".join(self.chunks))
+        error = _ERROR_EVENT.search(data)
+        if error is not None:  # the held-back error event and what followed it: never relayed
+            data = data[: error.start() + (data[error.start()] == 10)]
         self.chunks = [data]
         return read_partial(data)
 

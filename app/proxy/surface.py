@@ -23,6 +23,7 @@ from app.proxy.answer import NotJSON, read_answer
 from app.upstream.sse import SSEObserver, answers, foreign, parse_usage, take_meta_info
 
 if TYPE_CHECKING:
+    from app.errors import UpstreamStatusError
     from app.proxy.request import ParsedRequest
     from app.upstream.sse import Usage
 
@@ -50,6 +51,14 @@ class Observer(Protocol):
 
     def resumed(self) -> None:
         """The stream goes on from another attempt: drop what the broken one left unfinished."""
+
+    # Holding back a worker-fault in-band error (``app.upstream.sse.StreamState``).
+    holds_errors: bool
+    hold_errors: bool
+    broken: UpstreamStatusError | None
+
+    def hold(self, chunk: bytes) -> bytes | None:
+        """``chunk`` up to its first worker-fault error event (then ``broken``), or None."""
 
 
 class ErrorShape(Protocol):

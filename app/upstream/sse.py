@@ -41,6 +41,7 @@ decode of that one event's ``id``, once per stream; later events are not checked
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ _EVENT = b"\ndata:"
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _MAX_CARRY = 1 << 20
+_ERROR_EVENT = re.compile(rb'(?:^|\n)data:[ \t]*\{"error"')
 # The gateway's own field on the client's final usage chunk (``expose_accept_length``).
 ACCEPT_LENGTH_FIELD = "spec_accept_length"
 
@@ -170,13 +172,18 @@ class StreamState:
     __slots__ = (
         "_carry",
         "after_done",
+        "broken",
         "done",
         "events",
         "expect",
         "first_data",
+        "hold_errors",
         "inband_error",
         "usage",
     )
+    # The observer holds back a worker-fault in-band error itself when ``hold_errors`` is set
+    # (``app.proxy.resume``); else the caller looks for one before feeding it.
+    holds_errors = False
 
     def __init__(self) -> None:
         self._carry = b""  # the start of an event whose end has not arrived
@@ -188,15 +195,32 @@ class StreamState:
         self.events = 0  # the worker's data: events seen
         self.usage: Usage | None = None
         self.inband_error = False  # the worker sent an error event after the commit point
+        # Hold back a worker-fault (5xx) in-band error after the commit point: the stream ends
+        # there (``done``) as ``broken``, never relayed, for the stream to be continued.
+        self.hold_errors = False
+        self.broken: UpstreamStatusError | None = None
 
     def resumed(self) -> None:
         """The stream goes on from another attempt (``app.proxy.resume``): the unfinished event
-        the broken one left is dropped (its client never saw it)."""
+        the broken one left is dropped (its client never saw it), and so is its end."""
         self._carry = b""
+        self.done = self.after_done = False
+        self.broken = None
+
+    def hold(self, chunk: bytes) -> bytes | None:
+        """``chunk`` up to its first worker-fault error event, which is noted in ``broken`` and
+        ends the stream (``done``); None when it has none (a 4xx error event passes)."""
+        for match in _ERROR_EVENT.finditer(chunk):
+            error = leading_error(chunk[match.end() - len(b'{"error"') :])
+            if error.status >= 500:
+                self.broken, self.done = error, True
+                return chunk[: match.start() + (chunk[match.start()] == 10)]
+        return None
 
 
 class SSEObserver(StreamState):
     __slots__ = ("_drop_usage", "_expose", "_overhead")
+    holds_errors = True
 
     def __init__(self, *, drop_usage: bool, overhead: int = 0, expose: bool = False) -> None:
         super().__init__()
@@ -225,6 +249,10 @@ class SSEObserver(StreamState):
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
         if b'{"error"' in chunk:  # SGLang sends an error event and [DONE] back to back
+            if self.hold_errors:
+                head = self.hold(chunk)
+                if head is not None:
+                    return head
             self.inband_error = True
         return chunk
 

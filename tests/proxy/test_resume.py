@@ -102,19 +102,24 @@ def test_a_continuation_answering_another_request_is_refused() -> None:
 
 
 def test_a_workers_5xx_in_band_error_is_held_back_a_4xx_one_passes() -> None:
-    obs = SSEObserver(drop_usage=False)
-    obs.first_data = True
-    keep = Stream()
-    feed = keep.keeping(obs.feed, obs)
     text = chunk(FIRST, {"content": "a"})
     error = b'data: {"error":{"message":"aborted","code":503}}\n\n'
+    obs = SSEObserver(drop_usage=False)
+    obs.first_data = True
+    feed = Stream().keeping(obs.feed, obs)
     assert feed(text + error + b"data: [DONE]\n\n") == text
-    assert isinstance(keep.failed, UpstreamStatusError) and keep.failed.status == 503
-    assert feed(b"data: [DONE]\n\n") == b""
-    keep = Stream()
-    feed = keep.keeping(obs.feed, obs)
+    assert isinstance(obs.broken, UpstreamStatusError) and obs.broken.status == 503
+    assert obs.done and not obs.inband_error  # the relay stops reading there
+    obs.resumed()
+    assert not obs.done and obs.broken is None
+    obs = SSEObserver(drop_usage=False)
+    obs.first_data = True
+    feed = Stream().keeping(obs.feed, obs)
     bad = b'data: {"error":{"message":"too long","code":400}}\n\n'
-    assert feed(text + bad) == text + bad and keep.failed is None
+    assert feed(text + bad) == text + bad and obs.broken is None and obs.inband_error
+    plain = SSEObserver(drop_usage=False)  # a stream that is not continued relays it as before
+    plain.first_data = True
+    assert plain.feed(text + error) == text + error and plain.broken is None
 
 
 def test_a_request_continuing_its_own_assistant_message_is_not_continued() -> None:
@@ -143,3 +148,12 @@ async def test_a_worker_gone_silent_is_continued_on_another_with_the_text_so_far
     text = "".join(c["delta"].get("content") or "" for d in docs for c in d["choices"])
     assert text == "Hello world"
     assert [d for d in docs if d["choices"] and d["choices"][0]["delta"].get("role")] == docs[:1]
+
+
+def test_the_partial_answer_ends_before_a_held_back_error() -> None:
+    text = chunk(FIRST, {"role": "assistant"}) + chunk(FIRST, {"content": "Hi"})
+    error = b'data: {"error":{"message":"aborted","code":503}}\n\ndata: [DONE]\n\n'
+    keep = Stream(chunks=[text + error])
+    part = keep.partial()
+    assert part.continuable and part.content == "Hi"
+    assert keep.chunks == [text]
