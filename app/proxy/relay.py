@@ -90,6 +90,7 @@ async def relay_stream(
     if resume is None:
         obs.expect = expected_id(attempt, request)
     feed = obs.feed if resume is None else resume.wrap(obs.feed)
+    fast_keep = resume is None and obs.holds_errors
     if keep is not None:
         feed = keep.keeping(feed, obs)
     response = _response(attempt)
@@ -114,16 +115,34 @@ async def relay_stream(
         elif direct is not None:
             # Steady state in the upstream connection's read callback: no task switch per chunk.
             write = direct.write
+            # A continuable stream's first attempt on the OpenAI routes keeps each read right
+            # here, the observer holding back errors itself: no extra call per chunk.
+            kept = keep.chunks.append if keep is not None and fast_keep else None
+            if kept is None:
 
-            def sink(chunk: bytes) -> bool:
-                attempt.last_rx = now = clock()
-                out = feed(chunk)
-                if obs.done:  # the stream's end: nothing after it is read
-                    response.stop()
-                if out:
-                    stamp(now)
-                    return write(out)
-                return False
+                def sink(chunk: bytes) -> bool:
+                    attempt.last_rx = now = clock()
+                    out = feed(chunk)
+                    if obs.done:  # the stream's end: nothing after it is read
+                        response.stop()
+                    if out:
+                        stamp(now)
+                        return write(out)
+                    return False
+
+            else:
+                feed_obs, keep_read = obs.feed, kept
+
+                def sink(chunk: bytes) -> bool:
+                    keep_read(chunk)
+                    attempt.last_rx = now = clock()
+                    out = feed_obs(chunk)
+                    if obs.done:
+                        response.stop()
+                    if out:
+                        stamp(now)
+                        return write(out)
+                    return False
 
             drain = direct.drain
 
