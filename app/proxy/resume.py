@@ -2,10 +2,10 @@
 on another worker, and its client sees one ordinary stream.
 
 While a continuable stream is relayed, the gateway keeps a reference to each upstream read it
-relays (``Stream.keep``: one list append per read, no copy, no parsing). Only when the stream
-breaks are those bytes read (``Partial``): the answer's first ``id``, the reasoning and the answer
-text so far. The next attempt sends the same chat request with that partial answer as a final
-assistant message and SGLang's ``continue_final_message`` (``continuation_parts``): SGLang
+relays (``Stream.keeping``; in the relay's direct lane inline: one list append per read, no copy,
+no parsing). Only when the stream breaks are those bytes read (``Partial``): the answer's first
+``id``, the reasoning and the answer text so far. The next attempt sends the same chat request with that partial answer as a final
+assistant message and SGLang's ``continue_final_message`` (``continuation_body``): SGLang
 0.5.23 takes the last assistant message's string content out of the conversation and appends it,
 as it is, after the assistant's generation prompt (``serving_chat.py``
 ``_handle_last_assistant_message`` / ``_append_assistant_prefix_to_prompt_ids``); it does not read
@@ -26,8 +26,7 @@ Only a continued stream pays for this (one orjson parse and dump per event).
 What breaks a stream: the connection dropped or reset, the idle deadline, the end without
 ``[DONE]``, and after the commit point a worker's in-band error event of the worker's fault (5xx or
 no status: held back by the observer, with the ``[DONE]`` after it, instead of relayed:
-``Stream.keeping``);
-a 4xx in-band error is relayed as before.
+``Stream.keeping``); a 4xx in-band error is relayed as before.
 
 Not continued: streams that already carried tool-call deltas (SGLang 0.5.23 gives its tool-call
 parser nothing of a continued message: cut arguments would come back as text) or their finish
