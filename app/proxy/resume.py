@@ -4,8 +4,9 @@ on another worker, and its client sees one ordinary stream.
 While a continuable stream is relayed, the gateway keeps a reference to each upstream read it
 relays (``Stream.keeping``; in the relay's direct lane inline: one list append per read, no copy,
 no parsing). Only when the stream breaks are those bytes read (``Partial``): the answer's first
-``id``, the reasoning and the answer text so far. The next attempt sends the same chat request with that partial answer as a final
-assistant message and SGLang's ``continue_final_message`` (``continuation_body``): SGLang
+``id``, the reasoning and the answer text so far. The next attempt sends the same chat request
+with that partial answer as a final assistant message and SGLang's ``continue_final_message``
+(``continuation_body``): SGLang
 0.5.23 takes the last assistant message's string content out of the conversation and appends it,
 as it is, after the assistant's generation prompt (``serving_chat.py``
 ``_handle_last_assistant_message`` / ``_append_assistant_prefix_to_prompt_ids``); it does not read
