@@ -107,6 +107,35 @@ class TimeoutConfig(_Section):
     worker_keepalive_s: float = Field(4.0, gt=0)
 
 
+# Client headers ``limits.forward_headers`` cannot name: credentials, what the gateway sets itself,
+# framing, encodings (a body with a Content-Encoding is refused) and hop-by-hop headers (RFC 9110
+# §7.6.1).
+_NEVER_FORWARDED = frozenset(
+    {
+        "authorization",
+        "x-api-key",
+        "cookie",
+        "proxy-authorization",
+        "host",
+        "content-length",
+        "content-type",
+        "content-encoding",
+        "transfer-encoding",
+        "accept-encoding",
+        "x-request-id",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "upgrade",
+        "expect",
+    }
+)
+
+
 class LimitsConfig(_Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     # A worker's non-streamed answer is read whole before it is relayed; a larger one is a 502.
@@ -137,6 +166,10 @@ class LimitsConfig(_Section):
     # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
     # Other unknown fields are dropped. Comma-separated in the environment.
     extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    # Client headers forwarded to workers besides traceparent, tracestate, baggage and
+    # X-Emulator-Profile (app/proxy/headers.py); every other client header stays at the gateway.
+    # Credentials, framing and hop-by-hop headers cannot be named. Comma-separated in the env.
+    forward_headers: Annotated[tuple[str, ...], NoDecode] = ()
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     key_burst: int = Field(20, ge=1)
@@ -144,10 +177,21 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
-    @field_validator("extra_fields", mode="before")
+    @field_validator("extra_fields", "forward_headers", mode="before")
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        lowered = tuple(name.strip().lower() for name in names)
+        for name in lowered:
+            if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name):
+                raise ValueError(f"{name!r} is not a header name")
+            if name in _NEVER_FORWARDED:
+                raise ValueError(f"the {name} header is never forwarded to workers")
+        return lowered
 
     @field_validator("extra_fields")
     @classmethod

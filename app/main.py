@@ -31,6 +31,7 @@ from app.metrics import Metrics
 from app.proxy import ingress
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
+from app.proxy.headers import forwarded
 from app.routing.policies import make_policy
 from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
@@ -134,6 +135,7 @@ def create_app(
         quota=quota,
         access=access,
         tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
+        forward_headers=forwarded(settings.limits.forward_headers),
     )
 
     def publish_keys() -> None:
