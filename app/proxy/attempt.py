@@ -135,6 +135,7 @@ class Tally:
     chunk_times: list[float] = field(default_factory=list)  # clock at every later relayed chunk
     events: int = 0  # SSE events relayed
     inband_error: bool = False  # the worker's stream carried an error event
+    answer_bytes: int = 0  # a non-streamed answer's size, as the worker sent it
 
 
 class Attempt:

@@ -141,6 +141,7 @@ async def relay_whole(
         body = await response.aread(limit)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
+    attempt.tally.answer_bytes = len(body)
     strip = not request.client_wants_meta_info
     read = None
     if request.surface is None:

@@ -76,6 +76,9 @@ class ParsedRequest:
     _head: tuple[memoryview | bytes, ...]
     # The client's API when it is not the worker's own (``app.proxy.surface``).
     surface: Surface | None = None
+    # The most completion tokens per choice the worker may generate (the client's max_tokens,
+    # capped, or the default); None when unbounded.
+    max_tokens: int | None = None
 
     def upstream_parts(
         self, rid: str, priority: int | None = None
@@ -157,7 +160,7 @@ def parse_request(
     served = aliases.get(model, model)
     if served != model:
         patch["model"] = orjson.dumps(served)
-    patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)
+    max_tokens = patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)
     if stream and not client_wants_usage:
         # Forced so the gateway always sees token counts; the chunk is dropped on the way back.
         patch["stream_options"] = _usage_options(options)
@@ -182,6 +185,7 @@ def parse_request(
         dropped=dropped,
         _head=_head(raw, body, spans, schema, patch),
         surface=surface,
+        max_tokens=max_tokens,
     )
 
 

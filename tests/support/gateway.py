@@ -97,6 +97,7 @@ class FakeWorker:
     hang: bool = False  # never answer
     leading_error: int | None = None  # first event is an in-band error with this code
     meta_info: dict[str, Any] | None = None  # per choice, when asked (``return_meta_info``)
+    usage: bool = True  # answers report their token counts (whole answers: ``usage``)
     texts: tuple[str, ...] = ("Hel", "lo", "!")
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -219,8 +220,9 @@ class FakeWorker:
                 "object": "chat.completion",
                 "model": MODEL,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}}],
-                "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
             }
+            if self.usage:
+                doc["usage"] = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
             if self.meta_info is not None and body.get("return_meta_info"):
                 for choice in doc["choices"]:
                     choice["meta_info"] = dict(self.meta_info)
@@ -231,7 +233,7 @@ class FakeWorker:
             error = {"error": {"message": "overloaded", "code": self.leading_error}}
             chunks = [sse(error), b"data: [DONE]\n\n"]
         else:
-            chunks = chat_chunks(body["rid"], self.texts)
+            chunks = chat_chunks(body["rid"], self.texts, usage=self.usage)
         transport = writer.transport
         for i, chunk in enumerate(chunks):
             if i == self.die_after:
