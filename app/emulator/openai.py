@@ -28,9 +28,17 @@ from app.emulator.asgi import (
     watch_disconnect,
 )
 from app.emulator.engine import QueueFull
+from app.emulator.generation import check_expansion
+from app.emulator.grammar import Budget, GrammarError
 from app.emulator.logprobs import TokenLogprob
 from app.emulator.replay import ReplayBook, handle_replay
-from app.emulator.requests import RequestError, expand, parse_chat, parse_completion
+from app.emulator.requests import (
+    GenRequest,
+    RequestError,
+    expand,
+    parse_chat,
+    parse_completion,
+)
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
 from app.emulator.worker import CONTEXT_LEN, Worker
@@ -61,6 +69,7 @@ async def handle_generate(
                     f"The input ({sub.prompt_tokens} tokens) is longer than the model's context "
                     f"length ({CONTEXT_LEN} tokens)."
                 )
+        check_grammars(subs)
     except RequestError as exc:
         body = render.error_body(exc.message, exc.err_type, exc.status)
         await respond_json(send, exc.status, body)
@@ -87,6 +96,28 @@ async def handle_generate(
         watcher.cancel()
         for session in sessions:
             session.finish(error)
+
+
+def check_grammars(subs: list[GenRequest]) -> None:
+    """The grammar-made text of every distinct prompt, within one ``Budget`` for the request
+    (``app.emulator.generation.check_expansion``); a grammar that cannot be read or expands past
+    it is a ``RequestError`` (400), like SGLang's grammar compile failures."""
+    if not subs[0].constrained and not subs[0].tools:
+        return
+    first = subs[0]
+    budget = Budget("ebnf" if first.ebnf else "regex" if first.regex else "json")
+    seen: set[str] = set()
+    try:
+        for sub in subs:
+            if sub.last_user not in seen:
+                seen.add(sub.last_user)
+                check_expansion(sub, budget)
+    except GrammarError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError(
+            f"Failed to compile {budget.kind} grammar: it nests too deeply."
+        ) from None
 
 
 async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | None:
