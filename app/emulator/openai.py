@@ -12,6 +12,7 @@ under the first choice's id (``serving_chat.py`` ``_build_chat_response``,
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -42,6 +43,8 @@ from app.emulator.requests import (
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
 from app.emulator.worker import CONTEXT_LEN, Worker
+
+log = logging.getLogger(__name__)
 
 _INBAND_MESSAGE = "The request was aborted by the worker."
 
@@ -76,6 +79,13 @@ async def handle_generate(
         return
     except ValueError as exc:  # bad JSON / body
         await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        return
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:
+        # A body shape the checks above missed: still the request's fault, never a 500 (which
+        # a gateway would count against this worker). Logged, to be checked explicitly.
+        log.warning("request body not understood", exc_info=True)
+        message = f"Invalid request: {type(exc).__name__}: {exc}"
+        await respond_json(send, 400, render.error_body(message, "BadRequestError", 400))
         return
     profile = header(scope, b"x-emulator-profile")
     request_id = header(scope, b"x-request-id")

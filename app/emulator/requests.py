@@ -2,6 +2,7 @@
 
 Bodies are read as plain JSON (no pydantic on the hot path). Rules that differ from a real worker
 are documented here: an unset ``temperature`` counts as greedy (0) for the acceptance model;
+at most ``MAX_CHOICES`` generations (``n`` times the prompts of a batch) per request;
 ``structural_tag`` constraints are refused (SGLang serves them, also under DFLASH). Prompt tokens
 are estimated as one token per 4 characters of the rendered prompt.
 
@@ -34,6 +35,9 @@ from typing import Any, Literal
 import orjson
 
 CHARS_PER_TOKEN = 4
+# Generations one request may ask for (``n`` times the prompts of a batch): a real worker queues
+# any number; the emulator keeps each in memory for the whole request.
+MAX_CHOICES = 256
 # SGLang echoes the request's ``model``; a request without one is answered as "default".
 UNNAMED_MODEL = "default"
 
@@ -110,6 +114,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         n = 1
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise RequestError("n must be a positive integer.")
+    if n > MAX_CHOICES:
+        raise RequestError(f"n must be at most {MAX_CHOICES} on this emulated worker.")
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
@@ -139,7 +145,11 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             "priority must be a signed 64-bit integer "
             "between -9223372036854775808 and 9223372036854775807"
         )
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    elif not isinstance(options, dict):
+        raise RequestError("stream_options must be an object.")
     stream = bool(body.get("stream", False))
     return {
         "priority": priority,
@@ -232,9 +242,17 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     if isinstance(tool_choice, dict):
         if not tools:
             raise RequestError("Tools cannot be empty if tool choice is set to a specific tool.")
-        name = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise RequestError("tool_choice.function.name must be a string.")
         if name not in {t.name for t in tools}:
             raise RequestError(f"Tool '{name}' not found in tools list.")
+    elif tool_choice not in (None, "auto", "required", "none"):
+        raise RequestError(
+            "tool_choice must be 'none', 'auto', 'required' or a named function "
+            '({"type": "function", "function": {"name": ...}}).'
+        )
     kwargs = body.get("chat_template_kwargs") or {}
     thinking = True
     if isinstance(kwargs, dict):
@@ -306,6 +324,8 @@ def expand(req: GenRequest) -> list[GenRequest]:
         raise RequestError(
             "The specified rids length mismatch with the batch_size for batch processing."
         )
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise RequestError(f"At most {MAX_CHOICES} generations (n x prompts) per request.")
     if len(prompts) == 1 and req.n == 1:
         return [replace(req, rid=req.rids[0] if req.rids else req.rid)]
     out = []
