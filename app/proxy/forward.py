@@ -332,7 +332,9 @@ class Proxy:
 
     async def _attempt(self, job: Job, worker: Worker, down: Downstream, sup: Supervisor) -> None:
         rid = self.new_rid()
-        attempt = job.attempt = Attempt(worker, rid, sup, abort=self._abort, spawn=self._spawn)
+        attempt = job.attempt = Attempt(
+            worker, rid, sup, abort=self._abort, spawn=self._spawn, source=job.record.key
+        )
         request, record, trace = job.request, job.record, job.trace
         expose = self._settings.expose_accept_length
         headers = job.headers if trace is None else trace.attempt(job, attempt)

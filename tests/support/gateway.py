@@ -92,6 +92,7 @@ class FakeWorker:
     healthy: bool = True  # GET /health: 200, else 503 (a worker still loading)
     models: bool = True  # GET /v1/models answers (else 404)
     fail_status: int | None = None  # answer completions with this status and an error body
+    fail_marker: bytes | None = None  # ...only those whose body holds these bytes
     die_after: int | None = None  # chunks, then the connection drops
     hold_after: int | None = None  # chunks, then wait for ``release``
     hang: bool = False  # never answer
@@ -185,15 +186,20 @@ class FakeWorker:
             doc = orjson.loads(body)
             self.requests.append(doc)
             self.headers.append(headers)
-            return await self._completion(doc, reader, writer)
+            fails = self.fail_marker is None or self.fail_marker in body
+            return await self._completion(doc, reader, writer, fails)
         return True
 
     async def _completion(
-        self, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        body: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        fails: bool = True,
     ) -> bool:
         """Play the script, watching the connection: a gateway that hangs up (an abort, a client
-        gone) ends it (``closed``)."""
-        script = asyncio.ensure_future(self._play(body, writer))
+        gone) ends it (``closed``). ``fails``: ``fail_status`` applies to this request."""
+        script = asyncio.ensure_future(self._play(body, writer, fails))
         watch = asyncio.ensure_future(reader.read(1))
         await asyncio.wait({script, watch}, return_when=asyncio.FIRST_COMPLETED)
         if script.done():
@@ -207,10 +213,12 @@ class FakeWorker:
             await script
         return False
 
-    async def _play(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+    async def _play(
+        self, body: dict[str, Any], writer: asyncio.StreamWriter, fails: bool = True
+    ) -> bool:
         if self.hang:
             await asyncio.Event().wait()
-        if self.fail_status is not None:
+        if self.fail_status is not None and fails:
             err = {"object": "error", "message": "The request queue is full.", "type": "x"}
             await _answer(writer, self.fail_status, {**err, "code": self.fail_status})
             return True
