@@ -170,6 +170,11 @@ class LimitsConfig(_Section):
     # X-Emulator-Profile (app/proxy/headers.py); every other client header stays at the gateway.
     # Credentials, framing and hop-by-hop headers cannot be named. Comma-separated in the env.
     forward_headers: Annotated[tuple[str, ...], NoDecode] = ()
+    # Media URLs (image_url, video_url, audio_url parts; Anthropic image url sources) allowed
+    # besides data: and https: to public hosts (app/proxy/media.py): schemes ("http:", "file:"),
+    # hosts ("images.corp", "*.corp.example"), addresses or networks ("10.1.0.0/16"), or "*"
+    # for any URL. A URL outside them is a 400. Comma-separated in the environment.
+    image_url_allow: Annotated[tuple[str, ...], NoDecode] = ()
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     key_burst: int = Field(20, ge=1)
@@ -177,10 +182,18 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
-    @field_validator("extra_fields", "forward_headers", mode="before")
+    @field_validator("extra_fields", "forward_headers", "image_url_allow", mode="before")
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @field_validator("image_url_allow")
+    @classmethod
+    def _check_image_urls(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        from app.proxy.media import image_policy
+
+        image_policy(entries)  # a ValueError names a bad entry
+        return entries
 
     @field_validator("forward_headers")
     @classmethod

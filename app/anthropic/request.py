@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from app.errors import InvalidRequest
+from app.proxy.media import DEFAULT_POLICY, ImagePolicy, check_image_url
 
 # The fields translated (the rest are dropped); count_tokens reads the first six.
 COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
@@ -62,9 +63,16 @@ def load(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = False) -> Translated:
+def translate(
+    body: dict[str, Any],
+    *,
+    max_messages: int,
+    count_only: bool = False,
+    images: ImagePolicy = DEFAULT_POLICY,
+) -> Translated:
     """The chat body for Messages request ``body``; ``InvalidRequest`` (400) for a body
-    Anthropic's API would refuse. ``count_only``: a count_tokens body (no ``max_tokens``)."""
+    Anthropic's API would refuse. ``count_only``: a count_tokens body (no ``max_tokens``).
+    ``images``: the image URLs a ``url`` source may name (``app.proxy.media``)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
@@ -79,7 +87,7 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
     if system:
         out.append({"role": "system", "content": system})
     for i, message in enumerate(messages):
-        _turn(message, i, out)
+        _turn(message, i, out, images)
     chat["messages"] = out
     if not count_only:
         max_tokens = body.get("max_tokens")
@@ -126,7 +134,7 @@ def _text(block: dict[str, Any], where: str) -> str:
     return text
 
 
-def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _image(block: dict[str, Any], where: str, images: ImagePolicy) -> dict[str, Any]:
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64" and isinstance(source, dict):
@@ -134,11 +142,12 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
         if isinstance(media, str) and isinstance(data, str):
             return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
     elif kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        check_image_url(source["url"], images, f"{where}.source.url")
         return {"type": "image_url", "image_url": {"url": source["url"]}}
     raise _fail(f"{where}: an image needs a base64 or url source", where)
 
 
-def _turn(message: Any, i: int, out: list[dict[str, Any]]) -> None:
+def _turn(message: Any, i: int, out: list[dict[str, Any]], images: ImagePolicy) -> None:
     where = f"messages.{i}"
     if not isinstance(message, dict):
         raise _fail(f"{where}: must be an object", where)
@@ -154,7 +163,7 @@ def _turn(message: Any, i: int, out: list[dict[str, Any]]) -> None:
     if role == "assistant":
         out.append(_assistant(content, where))
     else:
-        _user(content, where, out)
+        _user(content, where, out, images)
 
 
 def _content(parts: list[dict[str, Any]]) -> Any:
@@ -195,7 +204,7 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     return message
 
 
-def _user(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
+def _user(blocks: list[Any], where: str, out: list[dict[str, Any]], images: ImagePolicy) -> None:
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         at = f"{where}.content.{j}"
@@ -203,12 +212,12 @@ def _user(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, at)})
         elif kind == "image":
-            parts.append(_image(block, at))
+            parts.append(_image(block, at, images))
         elif kind == "tool_result":
             if parts:  # what came before the result goes before it
                 out.append({"role": "user", "content": _content(parts)})
                 parts = []
-            out.append(_tool_result(block, at))
+            out.append(_tool_result(block, at, images))
         elif kind == "document" and _is_text_document(block):
             parts.append({"type": "text", "text": block["source"]["data"]})
         else:
@@ -226,7 +235,7 @@ def _is_text_document(block: dict[str, Any]) -> bool:
     )
 
 
-def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
+def _tool_result(block: dict[str, Any], at: str, images: ImagePolicy) -> dict[str, Any]:
     """The ``tool`` message for a ``tool_result`` block (text, or text and image parts)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str):
@@ -244,7 +253,7 @@ def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
                 if text:
                     parts.append({"type": "text", "text": text})
             elif kind == "image":
-                parts.append(_image(item, f"{at}.content.{k}"))
+                parts.append(_image(item, f"{at}.content.{k}", images))
             else:
                 raise _fail(f"{at}.content.{k}.type: {kind!r} is not accepted here", at)
         result = _content(parts) if parts else ""

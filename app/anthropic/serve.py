@@ -27,6 +27,7 @@ from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.proxy.downstream import Receive, Send
 from app.proxy.ingress import Entry, serve_entry
+from app.proxy.media import image_policy
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape
 from app.routing.keys import SESSION_HEADER
@@ -95,7 +96,8 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
     count = path == COUNT_ROUTE
-    translated = translate(body, max_messages=limits.max_messages, count_only=count)
+    images = image_policy(limits.image_url_allow)
+    translated = translate(body, max_messages=limits.max_messages, count_only=count, images=images)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
         gw.metrics.record_dropped_fields(path)

@@ -42,6 +42,7 @@ from app.proxy.fields import (
     capped,
     schema_for,
 )
+from app.proxy.media import MARKER, check_chat_media, image_policy
 from app.proxy.surface import Surface
 from app.tenants.config import PRIORITIES
 
@@ -150,6 +151,9 @@ def parse_request(
         conversation = _check_messages(body.messages)
         if spans is not None:
             conversation = _leading(_MESSAGES.decode(spans.messages))
+        if MARKER in raw:  # a media part somewhere: each one's URL must be allowed
+            policy = image_policy(limits.image_url_allow)
+            check_chat_media([message.content for message in body.messages], policy)
     else:
         conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)
     stream = bool(body.stream)
