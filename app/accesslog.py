@@ -3,11 +3,19 @@
 With ``log_json`` every log line is one JSON object; the access record's fields are top-level keys
 (request_id, route, model, worker, status, ttft_ms, prompt_tokens, completion_tokens, outcome...).
 Otherwise they are rendered as ``key=value`` pairs after the message.
+
+Fields and messages carry what clients sent (a model name, an error that quotes it), so no
+client can write a line of its own: in the text format every control character (C0, DEL, C1,
+U+2028/U+2029) of a message or a field is written as an escape (a newline as ``\\x0a``), a
+field value with anything but letters, digits and ``._:/@+-`` is quoted (``error="no such
+model"``, with quotes and backslashes escaped), and the lines of a traceback after its first
+are indented. (JSON lines are escaped by their encoder.)
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -41,6 +49,9 @@ class AccessRecord:
     accept_length: float | None = None  # completion tokens per verify step (DFlash)
     chunks: int = 0
     error: str | None = None
+    # An unmatched route's (``route=other``) method and path, escaped (``app.api.access``).
+    method: str | None = None
+    path: str | None = None
 
 
 class JsonFormatter(logging.Formatter):
@@ -60,15 +71,37 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROLS |= {0x2028: "\\u2028", 0x2029: "\\u2029"}
+_PLAIN = re.compile(r"[\w.:/@+-]+")
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character written as an escape: never a line break."""
+    return text.translate(_CONTROLS)
+
+
+def _value(value: object) -> str:
+    """A field's value for a ``key=value`` pair: as it is when plain, else quoted."""
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.isprintable():
+        return text
+    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.message)
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = super().format(record).replace("\n", "\n    ")  # a traceback's lines, indented
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            line += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+            line += " " + " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None)
         return line
 
 

@@ -48,27 +48,38 @@ class _Section(BaseModel):
 class HealthConfig(_Section):
     """Active health checks against each worker's ``/health`` and load polling."""
 
+    # Seconds between two ``GET /health`` checks of each worker.
     interval_s: float = Field(5.0, gt=0)
-    # Longer than SGLang's ~20 s health generation, so a busy worker is not marked down.
+    # Deadline of one health check: longer than SGLang's ~20 s health generation, so a busy
+    # worker is not marked down.
     timeout_s: float = Field(25.0, gt=0)
+    # Consecutive failed checks that take a worker out of rotation.
     failure_threshold: int = Field(3, ge=1)
+    # Consecutive passed checks that bring it back.
     success_threshold: int = Field(1, ge=1)
+    # Seconds between two polls of each worker's ``/v1/loads`` (load, capacity, acceptance).
     loads_interval_s: float = Field(2.0, gt=0)
 
 
 class BreakerConfig(_Section):
     """Passive circuit breaking from request outcomes."""
 
+    # Consecutive failed attempts on a worker (5xx, connect error, timeout) that open its breaker.
     failure_threshold: int = Field(5, ge=1)
+    # Seconds an open breaker keeps requests off its worker; then one request probes it.
     open_s: float = Field(10.0, gt=0)
 
 
 class RetryConfig(_Section):
-    """Retries happen only before the commit point (see CONTRACTS.md)."""
+    """Retries happen only before the commit point (see docs/contracts.md)."""
 
+    # Attempts per request, the first included; each retry goes to a worker not tried yet.
     max_attempts: int = Field(3, ge=1)
+    # Pause before the first retry, doubled for each further one, with jitter (x 0.5-1).
     backoff_base_s: float = Field(0.05, ge=0)
+    # The longest pause between two attempts.
     backoff_max_s: float = Field(1.0, ge=0)
+    # No retry once this many seconds have passed since the request's first attempt.
     budget_s: float = Field(30.0, gt=0)
 
 
@@ -78,12 +89,20 @@ class AdmissionConfig(_Section):
     # None: each worker is admitted up to the max_running_requests it reports in /v1/loads (48,
     # DFLASH's default, until it has reported). A number overrides that for every worker.
     per_worker_cap: int | None = Field(None, ge=1)
+    # Requests that may wait for a worker slot while every worker is at its cap; one more is
+    # a 503 + Retry-After (unless the queue would serve it before its last waiter: ``tenants``).
     queue_size: int = Field(256, ge=0)
+    # Longest wait in that queue; then a 503 + Retry-After.
     queue_timeout_s: float = Field(30.0, gt=0)
+    # The Retry-After (seconds) of the gateway's own 503s: queue full or timed out, no healthy
+    # worker, shutting down, too many connections.
     retry_after_s: int = Field(2, ge=1)
 
 
 class TimeoutConfig(_Section):
+    """Deadlines toward the workers and toward the clients."""
+
+    # Time to open a TCP connection to a worker.
     connect_s: float = Field(5.0, gt=0)
     # Time to the worker's response headers (prefill + queueing on the worker).
     first_byte_s: float = Field(300.0, gt=0)
@@ -97,7 +116,12 @@ class TimeoutConfig(_Section):
     # of the connection opening (or of the previous response), the body within client_body_s of
     # the headers; else 408 and the connection is closed.
     client_header_s: float = Field(10.0, gt=0)
+    # The request body must arrive within this many seconds of the headers; else 408.
     client_body_s: float = Field(60.0, gt=0)
+    # A client that takes none of a response's waiting bytes for client_write_s is cut off (the
+    # connection closed, what was buffered dropped): any response, refusals included. Streams
+    # are judged by their relay's own slow-reader guard (idle_s) while they run.
+    client_write_s: float = Field(60.0, gt=0)
     # An idle client connection is kept this long: longer than client pools and load balancers
     # keep theirs (httpx 5 s, ALB 60 s), so a reused connection is never closed under a request.
     client_keepalive_s: float = Field(75.0, gt=0)
@@ -137,6 +161,9 @@ _NEVER_FORWARDED = frozenset(
 
 
 class LimitsConfig(_Section):
+    """What one request may ask for, and the per-key request limits."""
+
+    # Largest request body accepted; a larger one is a 413.
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     # A worker's non-streamed answer is read whole before it is relayed; a larger one is a 502.
     max_response_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
@@ -150,6 +177,10 @@ class LimitsConfig(_Section):
     # plus the admission queue, plus idle kept-alive connections from load balancers and client
     # pools), and well inside the usual 65536 open-file limit.
     max_connections: int = Field(4096, ge=1)
+    # Pipelined requests read ahead on one client connection (the one being answered included):
+    # past it the connection is not read until answers end, so one write of thousands of requests
+    # costs no more than this many at a time. Clients that pipeline rarely send more than a few.
+    max_pipelined: int = Field(16, ge=1, le=1024)
     # Used when a request sets neither max_tokens nor max_completion_tokens (None: no cap, and
     # SGLang then generates up to the context length). Kimi-K2.5 thinks before it answers and
     # the reasoning shares this budget: Moonshot advises at least 16,000 tokens for its
@@ -177,7 +208,9 @@ class LimitsConfig(_Section):
     image_url_allow: Annotated[tuple[str, ...], NoDecode] = ()
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
+    # Requests a key may send at once above its sustained rate (the size of its token bucket).
     key_burst: int = Field(20, ge=1)
+    # Requests a key may have in flight at once (None: no limit); one more is 429 + Retry-After.
     key_max_concurrent: int | None = Field(None, ge=1)
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
@@ -214,13 +247,35 @@ class LimitsConfig(_Section):
         return names
 
 
+class ResponsesConfig(_Section):
+    """Stored responses of ``/v1/responses`` (``app.responses.store``): ``none`` keeps nothing
+    (``previous_response_id`` is a 400), ``memory`` keeps them in this process, ``redis`` in the
+    Redis of ``limits.redis_url`` (shared by every replica)."""
+
+    # Where responses are kept for previous_response_id and GET/DELETE /v1/responses/{id}: none,
+    # memory (this process only; refused with --processes > 1) or redis (limits.redis_url).
+    store: Literal["none", "memory", "redis"] = "none"
+    # Seconds a stored response stays readable after it completed.
+    ttl_s: float = Field(3600.0, gt=0)
+    # The in-process store's bounds (least recently used out first); a larger record is not kept.
+    max_items: int = Field(10_000, ge=1)
+    # The in-process store's total size bound, in bytes of stored JSON.
+    max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
+
+
 class AuthConfig(_Section):
+    """Client API keys (``api_keys`` holds keys given directly) and what they protect."""
+
     # A file of NAME:KEY lines (e.g. a mounted Secret), re-read every reload_s (``--api-key-file``).
     # Every key at least 16 characters; a bad line stops start-up (a reload keeps the last set).
     keys_file: Path | None = None
+    # Seconds between two reads of keys_file: a revoked key stops working without a restart.
     reload_s: float = Field(10.0, gt=0)
-    # Probes and scrapers need no key; set to require one on /metrics and /workers too.
-    protect_ops: bool = False
+    # /metrics and /workers (worker URLs, key names) need a key. Unset (the default): they do
+    # when API keys are configured, and the separate metrics port (metrics_port, for Prometheus)
+    # stays open; true: a key on the metrics port too; false: open to anyone who can reach them.
+    # Probes (/livez, /readyz, /health) never need one.
+    protect_ops: bool | None = None
 
     @field_validator("keys_file")
     @classmethod
@@ -243,19 +298,28 @@ class WorkersConfig(_Section):
 class DiscoveryConfig(_Section):
     """Where the worker set comes from (``static`` = ``worker_urls``)."""
 
+    # static: ``worker_urls``; dns: the records of a headless Service (``dns_name``), re-resolved
+    # every dns_interval_s; kubernetes: the workers' EndpointSlices, watched.
     mode: Literal["static", "dns", "kubernetes"] = "static"
+    # dns mode: the name to resolve (a headless Service).
     dns_name: str | None = None
+    # dns mode: the workers' port.
     dns_port: int = Field(30000, ge=1, le=65535)
+    # dns mode: seconds between two resolutions.
     dns_interval_s: float = Field(10.0, gt=0)
-    # Kubernetes EndpointSlices of the workers' headless Service.
+    # kubernetes mode: the namespace of the workers' EndpointSlices (of their headless Service).
     namespace: str = "default"
+    # kubernetes mode: the label selector of those EndpointSlices.
     label_selector: str = "kubernetes.io/service-name=dflash-workers"
+    # kubernetes mode: the name of the EndpointSlice port the workers serve HTTP on.
     port_name: str = "http"
     # Full re-list period: heals a watch that missed a delete (no zombie workers).
     resync_s: float = Field(30.0, gt=0)
     # In a pod these come from the service account; set api_url to run outside a cluster.
     api_url: str | None = Field(default_factory=lambda: _in_cluster_api_url())
+    # The bearer token sent to the API server (read when the file exists).
     token_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    # The CA bundle that verifies the API server's certificate (when the file exists).
     ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
     @model_validator(mode="after")
@@ -283,9 +347,13 @@ def _in_cluster_api_url() -> str | None:
 class EmbeddedConfig(_Section):
     """The embedded default: emulated workers started as child processes."""
 
+    # How many emulated workers to start.
     workers: int = Field(2, ge=1, le=16)
+    # The first worker's port, the next ones following (a free port when taken, or when 0).
     base_port: int = Field(30000, ge=0, le=65535)
+    # The emulated workers' ``--speed``: how many times faster than the real fleet they answer.
     speed: float = Field(1.0, gt=0)
+    # The model the emulated workers serve.
     model: str = DEFAULT_MODEL
 
 
@@ -305,11 +373,18 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
+    # A YAML (.yaml/.yml) or TOML (.toml) settings file: the lowest-priority source.
     config_file: Path | None = None
+    # The address the API listens on (0.0.0.0: every interface).
     host: str = "127.0.0.1"
+    # The port the API listens on.
     port: int = Field(8000, ge=0, le=65535)
+    # Gateway OS processes sharing the port, each with its own event loop; /metrics adds them up.
     processes: int = Field(1, ge=1, le=64)
+    # SGLang worker base URLs (static discovery). None here and discovery.mode static: the
+    # embedded default (emulated workers).
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # How a request's worker is picked among those with room.
     policy: PolicyName = "least_inflight"
     # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
     # while its spare capacity is at least 1/this of the best worker's.
@@ -328,15 +403,20 @@ class Settings(BaseSettings):
     # drain_accept_s (load balancers lag behind endpoint removal); then the listener closes and
     # in-flight requests get up to drain_s to finish before the process exits.
     drain_accept_s: float = Field(5.0, ge=0)
+    # In-flight requests' time to finish once the listener has closed after a SIGTERM.
     drain_s: float = Field(30.0, ge=0)
+    # The level of the gateway's log.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Every log line as one JSON object (the access record's fields as top-level keys).
     log_json: bool = False
     # Browser origins allowed by CORS; empty = CORS off.
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Serve /metrics on this port instead (e.g. scraped from inside the cluster only), bound to
     # metrics_host (loopback unless set: 0.0.0.0 lets Prometheus in a cluster reach it). It has
-    # the API port's header/body deadlines and size cap, and needs a key when auth.protect_ops.
+    # the API port's header/body deadlines and size cap, and needs a key only when auth.protect_ops
+    # is set to true.
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    # The address metrics_port listens on.
     metrics_host: str = "127.0.0.1"
     # Return each request's acceptance length to the client (header / usage field).
     expose_accept_length: bool = False
@@ -354,6 +434,18 @@ class Settings(BaseSettings):
     tenants: TenantsConfig = TenantsConfig()
     tracing: TracingConfig = TracingConfig()  # OpenTelemetry traces: app/tracing/config.py
     workers: WorkersConfig = WorkersConfig()
+    responses: ResponsesConfig = ResponsesConfig()
+
+    @model_validator(mode="after")
+    def _check_response_store(self) -> Settings:
+        if self.responses.store == "redis" and not self.limits.redis_url:
+            raise ValueError("responses.store = redis needs limits.redis_url")
+        if self.responses.store == "memory" and self.processes > 1:
+            raise ValueError(
+                "responses.store = memory keeps responses in one process: use redis with "
+                "--processes > 1"
+            )
+        return self
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")
     @classmethod

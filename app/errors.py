@@ -18,6 +18,7 @@
         ├── UpstreamConnectError        502  connect refused/reset before a response: retryable
         ├── UpstreamTimeout             504  no first byte / idle too long
         ├── UpstreamBadResponse         502  not an HTTP/1.1 answer the gateway accepts: retryable
+        │   └── UpstreamForeignAnswer   502  the answer to another request (its id is not ours)
         ├── UpstreamStatusError         the worker's own status, its message rewrapped
         └── UpstreamStreamBroken        502  the stream ended without [DONE] after the commit point
 
@@ -204,6 +205,12 @@ class UpstreamBadResponse(UpstreamError):
     code = "bad_upstream_response"
     retryable = True
     public = "a worker sent an invalid response"
+
+
+class UpstreamForeignAnswer(UpstreamBadResponse):
+    """The worker's answer (a whole one, or a stream's first event) carries the id of another
+    request than the attempt's ``rid``: a late stray response on a reused connection, or a worker
+    out of step. Its connection is closed; retryable like any bad response."""
 
 
 class UpstreamTimeout(UpstreamError):

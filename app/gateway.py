@@ -17,6 +17,7 @@ from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
+    from app.responses.store import ResponseStore
     from app.tracing.otel import Tracing
 
 
@@ -37,3 +38,4 @@ class Gateway:
     accepting: bool = True  # False once the drain window closed: new requests get 503
     tracer: Tracing | None = None  # OpenTelemetry traces; None while tracing is off
     forward_headers: frozenset[bytes] = FORWARDED  # client headers that reach a worker
+    responses: ResponseStore | None = None  # stored /v1/responses answers, when configured

@@ -2,7 +2,7 @@
 
 A token bucket per key name (``rate_per_s`` sustained, ``burst`` at once) and a cap on requests in
 flight per key. Over either limit the request is refused with 429 + ``Retry-After`` (the only 429
-the gateway sends, with the token quotas of ``app.tenants.quota``; see CONTRACTS.md). ``hold``
+the gateway sends, with the token quotas of ``app.tenants.quota``; see docs/contracts.md). ``hold``
 gives the request rate's ``Budget`` for the rate-limit headers (``app.tenants.headers``): the
 rate per minute, the whole requests left in the bucket, and the seconds until it is full. The
 in-process backend limits each gateway process on its own; the Redis backend shares the limits

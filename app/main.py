@@ -7,7 +7,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -17,22 +17,25 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
 from app.accesslog import AccessLog
-from app.anthropic import serve as anthropic_serve
-from app.api import anthropic, openai, ops
-from app.api.access import COMPLETION_ROUTES, AccessMiddleware
+from app.api import openai, ops, responses
+from app.api import surfaces as api_surfaces
+from app.api.access import AccessMiddleware
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
 from app.auth import KeyStore
+from app.background import DEFAULT_BACKOFF, Backoff, supervise
 from app.config import Settings
 from app.errors import install_handlers
 from app.gateway import Gateway
 from app.limits import make_limiter
 from app.metrics import Metrics
-from app.proxy import ingress
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
+from app.proxy.ingress import serve_entry
+from app.responses.store import make_store
 from app.routing.policies import make_policy
+from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
 from app.tenants.tenant import Tenants
@@ -50,12 +53,13 @@ log = logging.getLogger(__name__)
 
 
 class GatewayApp:
-    """The gateway's ASGI application. POSTs to the two completion routes and the two Messages
-    routes are served in plain ASGI (``app.proxy.ingress``, ``app.anthropic.serve``), ahead of
-    FastAPI's middleware, routing and dependency injection, which together cost about as much
-    CPU per request as relaying the whole answer; everything else goes to FastAPI (``api``).
-    With CORS on, FastAPI routes those POSTs too, to the same handlers, so ``CORSMiddleware``
-    sees them. ``state`` and ``router`` are FastAPI's."""
+    """The gateway's ASGI application. POSTs to the surface registry's routes (``app.surfaces``:
+    chat, completions, Messages...) are served in plain ASGI (``app.proxy.ingress.serve_entry``
+    with the route's ``Entry``, found by one dict lookup), ahead of FastAPI's middleware, routing
+    and dependency injection, which together cost about as much CPU per request as relaying the
+    whole answer; everything else goes to FastAPI (``api``). With CORS on, FastAPI routes those
+    POSTs too, to the same handlers, so ``CORSMiddleware`` sees them. ``state`` and ``router``
+    are FastAPI's."""
 
     def __init__(self, api: FastAPI, gateway: Gateway, *, lane: bool) -> None:
         self.api = api
@@ -72,13 +76,9 @@ class GatewayApp:
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
         if self._lane and scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            entry = ingress.ENTRIES_BY_PATH.get(path)
+            entry = BY_PATH.get(scope["path"])
             if entry is not None:
-                await ingress.serve_entry(self._gateway, entry, scope, receive, send)
-                return
-            if path in anthropic_serve.ROUTES:
-                await anthropic_serve.serve(self._gateway, path, scope, receive, send)
+                await serve_entry(self._gateway, entry, scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -89,19 +89,25 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
     span_exporter: SpanExporter | None = None,
+    backoff: Backoff = DEFAULT_BACKOFF,
 ) -> GatewayApp:
     """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
     jitter, random policies); ``span_exporter`` takes the spans instead of the configured
-    exporter when tracing is on."""
+    exporter when tracing is on; ``backoff``: the waits before a crashed background task is
+    restarted (``app.background``)."""
     rng = rng or random.Random()
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
     client = UpstreamClient(settings)
-    metrics = Metrics()
+    metrics = Metrics(routes=ROUTES)
     keys = KeyStore([k.get_secret_value() for k in settings.api_keys], settings.auth.keys_file)
-    usage = UsageLog.from_config(settings.tenants, metrics.record_usage_log_dropped)
+    usage = UsageLog.from_config(
+        settings.tenants,
+        metrics.record_usage_log_dropped,
+        lambda: metrics.record_task_restart("usage"),
+    )
     if usage is not None:  # the billable requests' records, also as usage lines
-        access.sink = usage.sink(COMPLETION_ROUTES, lambda: keys.open)
+        access.sink = usage.sink(ROUTES, lambda: keys.open)
     proxy = Proxy(
         settings=settings,
         pool=pool,
@@ -136,6 +142,7 @@ def create_app(
         access=access,
         tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
         forward_headers=forwarded(settings.limits.forward_headers),
+        responses=make_store(settings.responses, settings.limits.redis_url),
     )
 
     def publish_keys() -> None:
@@ -152,21 +159,30 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        def start(name: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+            """A background task, restarted (after a backoff) whenever it crashes."""
+            supervised = supervise(name, run, metrics.record_task_restart, backoff=backoff)
+            return asyncio.create_task(supervised, name=name)
+
         tasks = [
-            asyncio.create_task(discovery.run(publish), name="discovery"),
-            asyncio.create_task(health.run(), name="health"),
-            asyncio.create_task(health.poll_loads(), name="loads"),
+            start("discovery", lambda: discovery.run(publish)),
+            start("health", health.run),
+            start("loads", health.poll_loads),
         ]
         if metrics.multiprocess:  # --processes N: this process's gauges, for the others' scrapes
-            fresh = metrics.keep_fresh(
-                lambda: pool.workers,
-                lambda: proxy.admission.depth,
-                saturation=lambda: proxy.admission.saturation(pool.workers),
+            tasks.append(
+                start(
+                    "metrics",
+                    lambda: metrics.keep_fresh(
+                        lambda: pool.workers,
+                        lambda: proxy.admission.depth,
+                        saturation=lambda: proxy.admission.saturation(pool.workers),
+                    ),
+                )
             )
-            tasks.append(asyncio.create_task(fresh, name="metrics"))
         if settings.auth.keys_file is not None:
-            watch = keys.watch(settings.auth.reload_s, publish_keys)
-            tasks.append(asyncio.create_task(watch, name="keys"))
+            reload_s = settings.auth.reload_s
+            tasks.append(start("keys", lambda: keys.watch(reload_s, publish_keys)))
         if keys.open:
             log.warning("no API keys configured: anyone who can reach the gateway may use it")
         try:
@@ -184,6 +200,8 @@ def create_app(
                 await limiter.close()
             if quota is not None:
                 await quota.close()
+            if gateway.responses is not None:
+                await gateway.responses.close()
             if usage is not None:  # the lines still queued, with a bounded wait
                 await asyncio.to_thread(usage.close)
             if gateway.tracer is not None:  # exports the spans still buffered
@@ -200,7 +218,8 @@ def create_app(
         # client's Host header, and clients of this API use its exact paths.
         redirect_slashes=False,
     )
-    app.openapi = lambda: openapi_document(app, settings)  # type: ignore[method-assign]
+    bodies = [model for entry in SURFACES for model in entry.operation.models]
+    app.openapi = lambda: openapi_document(app, settings, bodies)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.gateway = gateway
     install_handlers(app)
@@ -209,7 +228,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=[
                 "authorization",
                 "content-type",
@@ -222,8 +241,9 @@ def create_app(
             expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
             max_age=600,
         )
-    app.add_middleware(AccessMiddleware, gateway=gateway)
+    app.add_middleware(AccessMiddleware, gateway=gateway, routes=ROUTES)
+    app.include_router(api_surfaces.router(SURFACES))
     app.include_router(openai.router)
-    app.include_router(anthropic.router)
+    app.include_router(responses.router)  # GET/DELETE /v1/responses/{id}: the stored responses
     app.include_router(ops.router)
     return GatewayApp(app, gateway, lane=not settings.cors_origins)

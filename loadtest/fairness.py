@@ -160,7 +160,8 @@ async def drive(gateway_url: str, args: argparse.Namespace) -> tuple[list[Sample
             client.closed_loop("A", lambda: a_phase, args.a_streams, a_stop.is_set)
         )
         threshold = max(1, args.a_streams - 2 * args.slots)
-        while (await http.get("/workers")).json()["queued"] < threshold:  # noqa: ASYNC110
+        ops = {"authorization": f"Bearer {KEYS['A']}"}  # /workers needs a key, as keys are set
+        while (await http.get("/workers", headers=ops)).json()["queued"] < threshold:  # noqa: ASYNC110
             await asyncio.sleep(0.1)  # polls the gateway
         a_phase = "flood"
         window_end = time.perf_counter() + args.duration
@@ -168,7 +169,7 @@ async def drive(gateway_url: str, args: argparse.Namespace) -> tuple[list[Sample
 
         async def sample_busy() -> None:
             while time.perf_counter() < window_end:
-                table = (await http.get("/workers")).json()["workers"]
+                table = (await http.get("/workers", headers=ops)).json()["workers"]
                 busy.append(sum(w["in_flight"] for w in table) / args.slots)
                 await asyncio.sleep(0.25)
 

@@ -20,7 +20,9 @@ Streaming scenarios also run Anthropic's Messages API through the same gateway p
 events), normalised by the events the client receives (about one per worker chunk: the role,
 finish and usage chunks become message_start, message_delta and message_stop, plus a start and
 a stop per content block); the table's last lines give its CPU per chunk against
-``/v1/chat/completions``'.
+``/v1/chat/completions``'. The same for OpenAI's Responses API (target ``gateway-responses``:
+``POST /v1/responses``, each worker chunk translated into typed Responses events: about one
+delta event per worker chunk, plus the lifecycle and item events).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 GATEWAY = "dflash-gateway"
 GATEWAY_MESSAGES = "gateway-messages"
+RESPONSES = "/v1/responses"
+GATEWAY_RESPONSES = "gateway-responses"
+# A Responses stream ends with one of these events: the answer whole (maybe cut at max tokens),
+# or a failure.
+_ENDED = (b"event: response.completed", b"event: response.incomplete")
+_FAILED = b"event: response.failed"
 _TAIL = 1024  # bytes of a stream's end kept: its last events, an error event's included
 _ERROR_EVENT = b'data: {"error"'
 _STALL_S = 120.0  # a stalled request fails (ReadTimeout) instead of hanging the bench
@@ -175,6 +183,7 @@ async def _one(
         ttft = 0.0
         chunks = 0
         tail = b""
+        completed = failed = False
         # Cheap on purpose (the load generator shares a CPU with the emulator): count event
         # starts instead of parsing; ``tail`` catches a marker split across two reads.
         async for data in response.aiter_raw():
@@ -182,9 +191,14 @@ async def _one(
                 ttft = time.perf_counter() - start
             joined = tail + data
             chunks += joined.count(b"data: ") - tail.count(b"data: ")
+            if path == RESPONSES:  # its last event holds the whole answer: larger than the tail
+                completed = completed or _ENDED[0] in joined or _ENDED[1] in joined
+                failed = failed or _FAILED in joined
             tail = joined[-_TAIL:]
     finally:
         await response.aclose()
+    if path == RESPONSES:
+        return completed and not failed, ttft, chunks
     if path == MESSAGES:
         return tail.rstrip().endswith(b'{"type":"message_stop"}'), ttft, chunks
     # A stream that failed after its first chunk still ends with [DONE], after an error event.
@@ -205,16 +219,13 @@ async def drive(
     connection kept alive. The client is the gateway's own upstream one (llhttp, no per-request
     models): httpx could not keep up with the fan-in scenario's 10,000 chunks/s on the CPU it
     shares with the emulator."""
-    body = orjson.dumps(
-        {
-            "model": model,
-            "messages": [
-                {"role": "user", "content": "Summarise the benefits of speculative decoding."}
-            ],
-            "max_tokens": max_tokens,
-            "stream": scenario.stream,
-        }
-    )
+    prompt = "Summarise the benefits of speculative decoding."
+    fields: dict[str, Any] = {"model": model, "stream": scenario.stream}
+    if path == RESPONSES:
+        fields |= {"input": prompt, "max_output_tokens": max_tokens}
+    else:
+        fields |= {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    body = orjson.dumps(fields)
     url = urlsplit(base_url)
     address = (url.hostname or "127.0.0.1", url.port or 80)
     head = [
@@ -349,6 +360,7 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
         targets += [(n, p, p, CHAT) for n, p in proxies.items()]
         if scenario.stream:  # the same gateway process, serving Anthropic's Messages API
             targets.append((GATEWAY_MESSAGES, proxies[GATEWAY], proxies[GATEWAY], MESSAGES))
+            targets.append((GATEWAY_RESPONSES, proxies[GATEWAY], proxies[GATEWAY], RESPONSES))
         for name, target, proxy, path in targets:
             warm = Scenario(
                 scenario.name,
@@ -401,18 +413,22 @@ def table(measurements: Sequence[Measurement]) -> str:
         "CPU s/1k = proxy CPU seconds per 1,000 relayed chunks (streams) or requests "
         "(non-streaming); vs router = that figure / sglang-router's (lower is better)"
     )
-    for name, times in messages_vs_chat(measurements).items():
-        figure = "n/a (under the CPU clock's 10 ms tick)" if times is None else f"{times:.2f}x"
-        lines.append(f"{name}: /v1/messages CPU per chunk = {figure} /v1/chat/completions")
+    for target, path in ((GATEWAY_MESSAGES, MESSAGES), (GATEWAY_RESPONSES, RESPONSES)):
+        for name, times in messages_vs_chat(measurements, target).items():
+            figure = "n/a (under the CPU clock's 10 ms tick)" if times is None else f"{times:.2f}x"
+            lines.append(f"{name}: {path} CPU per chunk = {figure} /v1/chat/completions")
     return "\n".join(lines)
 
 
-def messages_vs_chat(measurements: Sequence[Measurement]) -> dict[str, float | None]:
-    """Per streaming scenario: the gateway's CPU per chunk on /v1/messages over the same figure
-    on /v1/chat/completions (None when either is too small to measure)."""
+def messages_vs_chat(
+    measurements: Sequence[Measurement], target: str = GATEWAY_MESSAGES
+) -> dict[str, float | None]:
+    """Per streaming scenario: the gateway's CPU per chunk on another API (``target``: the
+    Messages API's by default) over the same figure on /v1/chat/completions (None when either is
+    too small to measure)."""
     out: dict[str, float | None] = {}
     for m in measurements:
-        if m.target != GATEWAY_MESSAGES:
+        if m.target != target:
             continue
         chat = next(
             (c for c in measurements if c.scenario == m.scenario and c.target == GATEWAY), None

@@ -6,7 +6,8 @@ worker's ``matched_stop`` is a string: one of the request's stop sequences), ``l
 ``max_tokens``, ``tool_calls`` → ``tool_use``; anything else (an abort) → ``end_turn``.
 ``reasoning_content`` becomes a ``thinking`` block (unsigned: ``signature`` is empty), the text
 a ``text`` block, each tool call a ``tool_use`` block with the worker's id (Kimi-K2.5's
-``functions.NAME:IDX``) and its arguments parsed. Usage: ``input_tokens`` are the prompt tokens
+``functions.NAME:IDX``) and its arguments parsed (a chat completion of any other shape is a
+broken worker's: ``UpstreamBadResponse``). Usage: ``input_tokens`` are the prompt tokens
 not read from the prefix cache, ``cache_read_input_tokens`` those that were (as SGLang's own
 Messages endpoint reports them), ``output_tokens`` the completion tokens.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
+from app.errors import UpstreamBadResponse
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -53,35 +56,72 @@ def tool_input(arguments: Any) -> Any:
         value = orjson.loads(arguments)
     except orjson.JSONDecodeError:
         return {"arguments": arguments}  # what the model wrote, kept for the client to see
+    if isinstance(value, dict | list) and _deeper(value, _MAX_INPUT_DEPTH):
+        return {"arguments": arguments}  # too deep to write in the Message: kept as text
     return value if isinstance(value, dict) else {"value": value}
+
+
+# How deep parsed tool arguments may nest in a Message (its encoder stops at 254 levels).
+_MAX_INPUT_DEPTH = 64
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` objects/arrays deep (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack += [(c, depth + 1) for c in children if isinstance(c, dict | list)]
+    return False
 
 
 def message_id(chat_id: Any) -> str:
     return f"msg_{chat_id}" if isinstance(chat_id, str) and chat_id else "msg_gateway"
 
 
-def to_message(doc: dict[str, Any], model: str) -> dict[str, Any]:
-    """The Message for chat completion ``doc``; ``model``: the name the client asked for."""
+def _malformed(where: str) -> UpstreamBadResponse:
+    return UpstreamBadResponse(f"the worker's chat completion has a malformed {where}")
+
+
+def to_message(doc: dict[str, Any], model: str, *, omit_thinking: bool = False) -> dict[str, Any]:
+    """The Message for chat completion ``doc``; ``model``: the name the client asked for;
+    ``omit_thinking``: its thinking block left empty (``thinking.display: "omitted"``).
+    ``UpstreamBadResponse`` for a document without the chat completion's shape where it is
+    read (``choices`` a non-empty array of objects, ``message`` an object, its text fields
+    strings, ``tool_calls`` an array of objects with an object ``function``): a broken worker's
+    answer, retried on another worker."""
     choices = doc.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else {}
-    message = choice.get("message") if isinstance(choice, dict) else None
-    message = message if isinstance(message, dict) else {}
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        raise _malformed("choices")
+    message = choice["message"]
     content: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
-    if isinstance(reasoning, str) and reasoning:
-        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     text = message.get("content")
-    if isinstance(text, str) and text:
+    calls = message.get("tool_calls") or []
+    if not isinstance(reasoning, str | None) or not isinstance(text, str | None):
+        raise _malformed("message text")
+    if not isinstance(calls, list):
+        raise _malformed("tool_calls")
+    if reasoning:
+        shown = "" if omit_thinking else reasoning
+        content.append({"type": "thinking", "thinking": shown, "signature": ""})
+    if text:
         content.append({"type": "text", "text": text})
-    for call in message.get("tool_calls") or ():
+    for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
-            continue
+            raise _malformed("tool_calls")
+        call_id, name = call.get("id"), function.get("name")
+        if not isinstance(call_id, str | None) or not isinstance(name, str | None):
+            raise _malformed("tool_calls")
         content.append(
             {
                 "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": function.get("name") or "",
+                "id": call_id or "",
+                "name": name or "",
                 "input": tool_input(function.get("arguments")),
             }
         )

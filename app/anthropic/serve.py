@@ -19,17 +19,17 @@ from typing import Any
 
 import orjson
 
+from app.anthropic.openapi import operation
 from app.anthropic.request import COUNTED, load, translate
 from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
-from app.proxy.downstream import Receive, Send
-from app.proxy.ingress import Entry, serve_entry
+from app.proxy.ingress import Entry
 from app.proxy.media import image_policy
 from app.proxy.request import ParsedRequest, Route, parse_request
-from app.proxy.surface import ErrorShape
+from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER
 from app.tenants.headers import anthropic_headers
 from app.tenants.tenant import PRIORITY_HEADER
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 MESSAGES_ROUTE = "/v1/messages"
 COUNT_ROUTE = "/v1/messages/count_tokens"
-ROUTES = frozenset({MESSAGES_ROUTE, COUNT_ROUTE})
 _SESSION = SESSION_HEADER.encode("ascii")
 _READ = frozenset(
     {
@@ -53,25 +52,26 @@ _READ = frozenset(
 )
 
 
-class MessagesSurface:
-    """The Messages API over a chat request (``app.proxy.surface.Surface``)."""
+class MessagesSurface(TranslatedSurface):
+    """The Messages API over a chat request (``app.proxy.surface.Surface``); ``omit_thinking``:
+    for the requests that asked for empty thinking blocks (``thinking.display: "omitted"``)."""
 
     shape: ErrorShape = ANTHROPIC
 
-    @staticmethod
-    def observer(request: ParsedRequest, *, expose: bool) -> MessagesStream:
-        return MessagesStream(request.model, expose=expose)
+    def __init__(self, *, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking
 
-    @staticmethod
-    def whole(doc: dict[str, Any], request: ParsedRequest) -> bytes:
-        return orjson.dumps(to_message(doc, request.model))
+    def observer(self, request: ParsedRequest, *, expose: bool) -> MessagesStream:
+        return MessagesStream(request.model, expose=expose, omit_thinking=self.omit_thinking)
+
+    def whole(self, doc: dict[str, Any], request: ParsedRequest) -> bytes:
+        return orjson.dumps(to_message(doc, request.model, omit_thinking=self.omit_thinking))
 
 
 class CountSurface(MessagesSurface):
     """count_tokens: the worker's ``{"input_tokens": N}``, checked."""
 
-    @staticmethod
-    def whole(doc: dict[str, Any], request: ParsedRequest) -> bytes:
+    def whole(self, doc: dict[str, Any], request: ParsedRequest) -> bytes:
         count = doc.get("input_tokens")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise UpstreamBadResponse("a worker answered count_tokens without input_tokens")
@@ -79,6 +79,7 @@ class CountSurface(MessagesSurface):
 
 
 MESSAGES = MessagesSurface()
+MESSAGES_NO_THINKING_TEXT = MessagesSurface(omit_thinking=True)
 COUNT = CountSurface()
 
 
@@ -103,7 +104,8 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
         gw.metrics.record_dropped_fields(path)
     if not count:
         chat = orjson.dumps(translated.chat)
-        return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=MESSAGES)
+        surface = MESSAGES_NO_THINKING_TEXT if translated.omit_thinking else MESSAGES
+        return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=surface)
     model = translated.chat["model"]
     served = aliases.get(model, model)
     fields = {name: body[name] for name in COUNTED if name in body}
@@ -125,14 +127,13 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     )
 
 
+def _entry(path: str, surface: MessagesSurface, name: str) -> Entry:
+    parse = functools.partial(_parse, path=path)
+    return Entry(path, _READ, api_key, parse, surface, anthropic_headers, operation(name))
+
+
+# The Messages surfaces, by path: ``app.surfaces`` lists them.
 ENTRIES = {
-    path: Entry(
-        path, _READ, api_key, functools.partial(_parse, path=path), ANTHROPIC, anthropic_headers
-    )
-    for path in ROUTES
+    MESSAGES_ROUTE: _entry(MESSAGES_ROUTE, MESSAGES, "messages"),
+    COUNT_ROUTE: _entry(COUNT_ROUTE, COUNT, "count_tokens"),
 }
-
-
-async def serve(gw: Gateway, path: str, scope: Any, receive: Receive, send: Send) -> None:
-    """Answer one Messages or count_tokens request (see the module doc)."""
-    await serve_entry(gw, ENTRIES[path], scope, receive, send)

@@ -54,5 +54,3 @@ class AnthropicShape:
 
 
 ANTHROPIC = AnthropicShape()
-# The request targets (paths) whose errors take this shape.
-ANTHROPIC_PATHS = frozenset({b"/v1/messages", b"/v1/messages/count_tokens"})

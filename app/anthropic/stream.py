@@ -9,14 +9,23 @@ takes the worker's bytes and returns the client's. Its grammar::
     message_stop
 
 with ``event: ping`` wherever the gateway's keep-alive falls (``app.anthropic.shape``). One
-block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``), ``text``
+block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``; none when
+the client asked for the thinking to be omitted: the block stays empty), ``text``
 (``text_delta`` from ``content``) or ``tool_use`` (opened by a tool call's id or name, its
 arguments as ``input_json_delta``); a change of kind closes the open block. The worker's first
 chat chunk becomes ``message_start`` (the commit point); its usage chunk (the gateway always
 asks for one) gives ``message_delta`` its counts and the acceptance-length estimate its steps
 (one per data event, less the role and finish chunks: ``app.upstream.sse``); its ``[DONE]``
-ends the message. A worker's error event before the first chunk is raised (the attempt may be
-retried); after it, it becomes Anthropic's ``event: error`` and nothing follows.
+ends the message, and nothing the worker sends after it is read. A worker's error event before
+the first chunk is raised (the attempt may be retried); after it, it becomes Anthropic's
+``event: error`` and nothing follows.
+
+The worker's chunks are checked before translation: the first must carry the attempt's rid as
+its ``id`` (``app.upstream.sse.answers``, when ``expect`` is set), and every chunk must have the
+chat-chunk shape where it is read (``choices`` an array of objects, ``delta`` an object, text
+fields strings, ``tool_calls`` an array of objects with an object ``function``). Any other
+chunk is a broken worker's: ``UpstreamBadResponse`` (before the first event: retried on another
+worker; after it: Anthropic's in-band ``event: error``), the worker's breaker told either way.
 
 Every worker event is parsed (orjson): this costs more per chunk than relaying the OpenAI
 routes' bytes untouched, which is what ``make bench-overhead`` measures.
@@ -30,10 +39,22 @@ import orjson
 
 from app.anthropic.response import message_id, stop_reason, usage_of
 from app.anthropic.shape import ANTHROPIC
-from app.upstream.sse import ACCEPT_LENGTH_FIELD, StreamState, leading_error, parse_usage
+from app.errors import UpstreamBadResponse
+from app.upstream.sse import (
+    ACCEPT_LENGTH_FIELD,
+    StreamState,
+    answers,
+    foreign,
+    leading_error,
+    parse_usage,
+)
 
 _MAX_CARRY = 1 << 20
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
+
+
+def _malformed(where: str) -> UpstreamBadResponse:
+    return UpstreamBadResponse(f"the worker sent a chat chunk with a malformed {where}")
 
 
 def _event(name: bytes, data: dict[str, Any]) -> bytes:
@@ -62,15 +83,17 @@ class MessagesStream(StreamState):
         "_index",
         "_matched",
         "_model",
+        "_omit",
         "_raw_usage",
         "_steps",
         "_tool",
     )
 
-    def __init__(self, model: str, *, expose: bool = False) -> None:
+    def __init__(self, model: str, *, expose: bool = False, omit_thinking: bool = False) -> None:
         super().__init__()
         self._model = model  # the name the client asked for
         self._expose = expose  # add the estimated acceptance length to the final usage
+        self._omit = omit_thinking  # thinking blocks without their text (display: omitted)
         self._block: str | None = None  # the open content block's kind
         self._index = -1  # the open (or last) content block's index
         self._tool: Any = None  # the worker's index of the tool call in the open block
@@ -96,9 +119,15 @@ class MessagesStream(StreamState):
             self._carry = chunk[end + 2 :]
         out: list[bytes] = []
         for event in chunk[:end].split(b"\n\n"):
+            if self.done:  # the worker's stream has ended: nothing after it is the client's
+                self.after_done = self.after_done or bool(event.strip())
+                continue
             at = event.find(b"data:")
             if at >= 0:
                 self._data(event[at + 5 :].strip(), out)
+        if self.done and self._carry:
+            self.after_done = self.after_done or bool(self._carry.strip())
+            self._carry = b""
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -131,11 +160,19 @@ class MessagesStream(StreamState):
             self._close(out)
             out.append(ANTHROPIC.error_events(leading_error(payload)))
             return
+        choices = obj.get("choices")
+        choice: Any = None
+        if choices:
+            choice = choices[0] if isinstance(choices, list) else None
+            if not isinstance(choice, dict):
+                raise _malformed("choices")
         if not self.first_data:
+            rid = self.expect
+            if rid is not None and not answers(rid, obj.get("id")):
+                raise foreign(rid, obj.get("id"))
             self.first_data = True
             out.append(self._start(obj))
-        choices = obj.get("choices")
-        if not choices:
+        if choice is None:
             if obj.get("usage") is not None:
                 self._raw_usage = obj["usage"]
                 self.usage = parse_usage(obj)
@@ -144,17 +181,24 @@ class MessagesStream(StreamState):
                     self.usage.verify_steps = steps if steps > 0 else None
             return
         self._steps += 1
-        choice = choices[0]
         delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise _malformed("delta")
         reasoning = delta.get("reasoning_content")
+        text = delta.get("content")
+        calls = delta.get("tool_calls") or []
+        if not isinstance(reasoning, str | None) or not isinstance(text, str | None):
+            raise _malformed("delta text")
+        if not isinstance(calls, list):
+            raise _malformed("tool_calls")
         if reasoning:
             self._open("thinking", out)
-            out.append(self._delta(_THINKING, reasoning))
-        text = delta.get("content")
+            if not self._omit:
+                out.append(self._delta(_THINKING, reasoning))
         if text:
             self._open("text", out)
             out.append(self._delta(_TEXT, text))
-        for call in delta.get("tool_calls") or ():
+        for call in calls:
             self._tool_call(call, out)
         if choice.get("finish_reason") is not None:
             self._finish = choice["finish_reason"]
@@ -198,19 +242,24 @@ class MessagesStream(StreamState):
 
     def _tool_call(self, call: Any, out: list[bytes]) -> None:
         if not isinstance(call, dict):
-            return
+            raise _malformed("tool_calls")
         function = call.get("function") or {}
+        if not isinstance(function, dict):
+            raise _malformed("tool_calls")
+        call_id, name = call.get("id"), function.get("name")
+        arguments = function.get("arguments")
+        if not all(isinstance(v, str | None) for v in (call_id, name, arguments)):
+            raise _malformed("tool_calls")
         index = call.get("index")
-        if call.get("id") or function.get("name") or self._block != "tool" or index != self._tool:
+        if call_id or name or self._block != "tool" or index != self._tool:
             block: dict[str, Any] = {
                 "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": function.get("name") or "",
+                "id": call_id or "",
+                "name": name or "",
                 "input": {},
             }
             self._open("tool", out, block)
             self._tool = index
-        arguments = function.get("arguments")
         if arguments:
             out.append(self._delta(_JSON, arguments))
 

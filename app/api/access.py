@@ -9,16 +9,19 @@ The proxy records the requests it runs (``app.proxy.forward``); this module reco
   HTTP, 503 over ``limits.max_connections``; ``app.server.guard``);
 - ``AccessMiddleware``: everything FastAPI answers (``/v1/models``, probes, ``/metrics``, 404s...).
 
-``requests_total{route}`` counts the API: the two completion routes, ``/v1/models`` and refusals
-at the protocol layer (route ``other`` when the path is not one of those, e.g. a 431 whose request
-line never ended). Probes, scrapes and unknown paths are in the access log only, so the metric's
-label set stays bounded and its error ratio is about API traffic. The access line's ``route`` is
-one of a fixed set of paths, else ``other``: a client's path never reaches a log line.
+``requests_total{route}`` counts the API: the surface registry's POST routes (``app.surfaces``,
+passed in as ``routes``), ``/v1/models`` and refusals at the protocol layer (route ``other`` when
+the path is not one of those, e.g. a 431 whose request line never ended). Probes, scrapes and
+unknown paths are in the access log only, so the metric's label set stays bounded and its error
+ratio is about API traffic. The access line's ``route`` is one of a fixed set of paths, else
+``other``; an ``other`` line also names the request's ``method`` and ``path`` (``client_text``:
+control characters, quotes, backslashes and spaces escaped, at most 200 characters) so an operator
+sees which endpoint a client wanted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from app.accesslog import AccessRecord
@@ -29,19 +32,26 @@ from app.metrics import OTHER
 from app.outcomes import Outcome
 from app.proxy.downstream import Message, Receive, Send
 
-# The routes served in plain ASGI ahead of FastAPI, which record their own answers.
-COMPLETION_ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"}
+MODELS_ROUTE = "/v1/models"
+OPS_ROUTES = frozenset(
+    {"/", "/api/hello", "/livez", "/readyz", "/health", "/metrics", "/workers", "/openapi.json"}
 )
-API_ROUTES = COMPLETION_ROUTES | {"/v1/models"}
-OPS_ROUTES = frozenset({"/livez", "/readyz", "/health", "/metrics", "/workers", "/openapi.json"})
-KNOWN_ROUTES = API_ROUTES | OPS_ROUTES
 NO_MODEL = "-"
 REJECTED = Outcome.REJECTED
+MAX_CLIENT_TEXT = 200
+# Bytes a log line shows escaped: C0 controls, space, quote, backslash, DEL, and every non-ASCII
+# byte (a path is bytes on the wire; as UTF-8 it may hold C1 controls or bidi overrides).
+_ESCAPED = {b: f"\\x{b:02x}" for b in (*range(0x21), 0x22, 0x5C, *range(0x7F, 0x100))}
 
 
-def route_label(path: str) -> str:
-    return path if path in KNOWN_ROUTES else OTHER
+def client_text(raw: bytes) -> str:
+    """A client-chosen string (a method, a path) safe to write in a log line: printable ASCII,
+    anything else escaped as ``\\xNN``, at most ``MAX_CLIENT_TEXT`` characters (``...`` marks
+    the cut)."""
+    text = "".join(_ESCAPED.get(b, chr(b)) for b in raw[: MAX_CLIENT_TEXT + 1])
+    if len(text) > MAX_CLIENT_TEXT:
+        return text[: MAX_CLIENT_TEXT - 3] + "..."
+    return text
 
 
 def reject(
@@ -52,43 +62,51 @@ def reject(
     *,
     key: str | None = None,
     duration_s: float | None = None,
+    path: str | None = None,
 ) -> None:
     """Record a request answered with ``error`` before any worker was asked (its model is not
-    named: it may be any string a client sent)."""
+    named: it may be any string a client sent). ``path``: the target's path (escaped) when
+    ``route`` is ``other``."""
     gw.metrics.record_request(route, OTHER, error.status)
     record = AccessRecord(
         request_id, route, NO_MODEL, False, key=key, status=error.status, outcome=REJECTED
     )
+    record.path = path
     record.error = error.message
     if duration_s is not None:
         record.duration_ms = round(duration_s * 1000, 3)
     gw.access.emit(record)
 
 
-def refusals(gw: Gateway) -> Callable[[bytes, str, GatewayError], None]:
-    """The server protocol's ``Report`` (``app.server.guard``) for this gateway."""
+def refusals(gw: Gateway, routes: Collection[str]) -> Callable[[bytes, str, GatewayError], None]:
+    """The server protocol's ``Report`` (``app.server.guard``) for this gateway, whose API POST
+    routes are ``routes``."""
+    api = frozenset(route.encode("ascii") for route in (*routes, MODELS_ROUTE))
 
     def report(target: bytes, request_id: str, error: GatewayError) -> None:
         path = target.split(b"?", 1)[0]
-        route = path.decode("latin-1") if path in _API_TARGETS else OTHER
-        reject(gw, route, request_id, error)
+        if path in api:
+            reject(gw, path.decode("latin-1"), request_id, error)
+        else:
+            reject(gw, OTHER, request_id, error, path=client_text(path) or None)
 
     return report
 
 
-_API_TARGETS = frozenset(route.encode("ascii") for route in API_ROUTES)
-
-
 class AccessMiddleware:
-    """One access line per answer FastAPI gives (completion POSTs record themselves)."""
+    """One access line per answer FastAPI gives; the POSTs to ``routes`` (the surface registry's
+    API routes) record themselves."""
 
-    def __init__(self, app: Any, gateway: Gateway) -> None:
+    def __init__(self, app: Any, gateway: Gateway, routes: Collection[str]) -> None:
         self.app = app
         self.gateway = gateway
+        self.routes = frozenset(routes)
+        self.api = self.routes | {MODELS_ROUTE}
+        self.known = self.api | OPS_ROUTES
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not path or (scope["method"] == "POST" and path in COMPLETION_ROUTES):
+        if not path or (scope["method"] == "POST" and path in self.routes):
             await self.app(scope, receive, send)
             return
         gw = self.gateway
@@ -104,12 +122,16 @@ class AccessMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = route_label(path)
+            route = path if path in self.known else OTHER
             end = gw.proxy.now()
             record = AccessRecord(request_id_of(scope), route, NO_MODEL, False, status=status)
+            if route == OTHER:
+                record.method = client_text(scope["method"].encode("latin-1"))
+                raw = scope.get("raw_path") or path.encode("utf-8")
+                record.path = client_text(raw.split(b"?", 1)[0])
             record.duration_ms = round((end - started) * 1000, 3)
             if 400 <= status < 500:
                 record.outcome = REJECTED
-            if route in API_ROUTES:
+            if route in self.api:
                 gw.metrics.record_request(route, OTHER, status, end - started)
             gw.access.emit(record)

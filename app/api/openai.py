@@ -1,65 +1,19 @@
-"""The OpenAI surface as FastAPI sees it: ``/v1/models`` and ``/v1/models/{model}``, and the two
-completion routes declared for ``/openapi.json``, 405s and the CORS case; ``app.main.GatewayApp``
-serves POSTs to those two itself, ahead of FastAPI (``app.proxy.ingress``)."""
+"""``/v1/models`` and ``/v1/models/{model}``. The completion routes are the surface registry's
+(``app.surfaces``, declared for FastAPI by ``app.api.surfaces``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
-from starlette.responses import Response
+from fastapi import APIRouter
 
 from app.api.deps import GatewayDep
-from app.api.schema import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    completion_responses,
-    error_responses,
-    request_body,
-)
+from app.api.schema import error_responses
 from app.api.security import ClientKey
 from app.errors import ModelNotFound
 from app.gateway import Gateway
-from app.proxy import ingress as lane
-from app.proxy.downstream import Receive, Send
-from app.proxy.ingress import Entry
-from app.proxy.request import Route
 
 router = APIRouter()
-
-
-class LaneResponse(Response):
-    """A request of the plain-ASGI lane (``app.proxy.ingress.serve_entry``) that FastAPI routed
-    (the CORS case): answered by the same code, as FastAPI's response."""
-
-    def __init__(self, gw: Gateway, entry: Entry) -> None:
-        super().__init__()  # status and headers are decided by serve_entry
-        self._gw = gw
-        self._entry = entry
-
-    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        await lane.serve_entry(self._gw, self._entry, scope, receive, send)
-
-
-def _declare(route: Route, schema: type[Any], name: str) -> None:
-    """Declare a completion route for FastAPI (answered by ``app.proxy.ingress.serve_entry``)."""
-
-    async def endpoint(request: Request, gw: GatewayDep) -> Response:
-        return LaneResponse(gw, lane.ENTRIES[route])
-
-    endpoint.__name__ = name
-    router.add_api_route(
-        route.value,
-        endpoint,
-        methods=["POST"],
-        openapi_extra=request_body(schema),
-        responses=completion_responses(),
-        response_class=Response,
-    )
-
-
-_declare(Route.CHAT, ChatCompletionRequest, "chat_completions")
-_declare(Route.COMPLETIONS, CompletionRequest, "completions")
 
 
 def _cards(gw: Gateway) -> list[dict[str, Any]]:

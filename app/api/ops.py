@@ -1,6 +1,9 @@
-"""Operational endpoints: liveness, readiness, Prometheus metrics, the worker table (read-only).
+"""Operational endpoints: liveness, readiness, Prometheus metrics, the worker table (read-only),
+and the reachability probes coding agents send before their first request (``HEAD /``,
+``HEAD /api/hello``: Claude Code's), answered 200 with no body.
 
-Probes never need an API key; ``/metrics`` and ``/workers`` do when ``auth.protect_ops`` is set.
+Probes never need an API key; ``/metrics`` and ``/workers`` do when API keys are configured, unless
+``auth.protect_ops`` is false (``app.api.security.ops_key_of``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ router = APIRouter(include_in_schema=False)
 @router.get("/livez")
 async def livez() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@router.head("/")
+@router.head("/api/hello")
+async def reachable() -> Response:
+    return Response(status_code=200)
 
 
 @router.get("/readyz")

@@ -8,6 +8,7 @@ checks, and allow other fields (``additionalProperties``): those on the allow-li
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -100,8 +101,12 @@ def completion_responses() -> dict[int | str, dict[str, Any]]:
     return {200: ok, **error_responses()}
 
 
-def openapi_document(app: FastAPI, settings: Settings) -> dict[str, Any]:
-    """Build (once) the document FastAPI serves, with the body models in its components."""
+def openapi_document(
+    app: FastAPI, settings: Settings, bodies: Iterable[type[BaseModel]]
+) -> dict[str, Any]:
+    """Build (once) the document FastAPI serves, with the body models (``bodies``: those of the
+    surface registry's routes) in its components."""
+    bodies = tuple(bodies)
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(
@@ -111,18 +116,21 @@ def openapi_document(app: FastAPI, settings: Settings) -> dict[str, Any]:
         routes=app.routes,
     )
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    for model in (ChatCompletionRequest, CompletionRequest):
+    for model in bodies:
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(body.pop("$defs", {}))
         schemas[model.__name__] = body
-    messages = schemas["ChatCompletionRequest"]["properties"]["messages"]
-    messages["maxItems"] = settings.limits.max_messages
+    fields = [schemas[model.__name__]["properties"] for model in bodies]
+    for properties in fields:
+        if "messages" in properties:
+            properties["messages"]["maxItems"] = settings.limits.max_messages
     gateway = app.state.gateway
     served = gateway.pool.served_models()
     models = [*served, *(a for a, t in settings.model_aliases.items() if t in served)]
     if models:  # the names a request may use now (others are 404)
-        for name in ("ChatCompletionRequest", "CompletionRequest"):
-            schemas[name]["properties"]["model"]["enum"] = models
+        for properties in fields:
+            if "model" in properties:
+                properties["model"]["enum"] = models
     if not gateway.keys.open:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         doc["security"] = [{"bearer": []}]

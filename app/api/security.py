@@ -3,10 +3,11 @@
 
 ``key_name`` gives the caller's key NAME (None when no keys are configured) or raises a 401 in
 OpenAI shape; ``ClientKey`` is it as a dependency (``/v1/models``; the completion routes call it
-themselves). ``OpsKey`` guards ``/metrics`` and ``/workers`` only when ``auth.protect_ops`` is
-set; probes (``/livez``, ``/readyz``, ``/health``) never need a key. ``admit`` checks the key's
-token quotas (``app.tenants.quota``) and takes its limiter slot (429 + Retry-After when over a
-quota or a limit), and renders the rate-limit headers of every answer to the request
+themselves). ``OpsKey`` guards ``/metrics`` and ``/workers``: with API keys configured they need
+one unless ``auth.protect_ops`` is false (the separate metrics port only when it is true: it is
+Prometheus's); probes (``/livez``, ``/readyz``, ``/health``) never need a key. ``admit`` checks
+the key's token quotas (``app.tenants.quota``) and takes its limiter slot (429 + Retry-After when
+over a quota or a limit), and renders the rate-limit headers of every answer to the request
 (``app.tenants.headers``); ``release`` gives the slot back once the response has been sent
 (``app.proxy.ingress``, which also charges the answer's tokens to the quotas).
 """
@@ -68,9 +69,13 @@ async def client_key(request: Request) -> str | None:
     return key_name(value, gw)
 
 
-def ops_key_of(gw: Gateway, headers: list[tuple[bytes, bytes]]) -> None:
-    """``/metrics`` and ``/workers`` need a key when ``auth.protect_ops`` is set (401/400)."""
-    if gw.settings.auth.protect_ops:
+def ops_key_of(
+    gw: Gateway, headers: list[tuple[bytes, bytes]], *, metrics_port: bool = False
+) -> None:
+    """``/metrics`` and ``/workers`` need a key when keys are configured (401/400), unless
+    ``auth.protect_ops`` is false; on the metrics port only when it is true."""
+    protect = gw.settings.auth.protect_ops
+    if protect if protect is not None else not metrics_port:
         key_name(authorization(headers), gw)
 
 

@@ -23,16 +23,24 @@ whose own draw runs past it later takes that checked text instead. So no request
 worker's event loop do more than a bounded amount of work in one step.
 
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
-is ``"auto"``/unset and the last user turn mentions a tool's name, the answer is a call to that
-tool (the first one mentioned, else the first tool) with arguments made from its JSON schema.
-With ``"auto"``/unset, a conversation that ends with a tool's result is answered in text (the
-model uses the result), so a tool-use round trip ends.
+is ``"auto"``/unset and the user's own text in the last user turn names a tool as a whole word
+(case-sensitive), the answer is a call to that tool (the first of ``tools`` so named, else, for
+``"required"``, the first tool) with arguments made from its JSON schema. The user's own text is
+the turn less its XML-tagged context blocks (``<system-reminder>...</system-reminder>``,
+``<environment_context>...</environment_context>``, any ``<tag>...</tag>``): coding agents put
+reminders there that name their tools (Claude Code's name ``Agent``, ``TodoWrite``...), and a
+model does not call a tool because a reminder lists it -- an emulator that did would make the
+agent call tools, e.g. spawn sub-agents, forever. With ``"auto"``/unset, a conversation that
+ends with a tool's result is answered in text (the model uses the result), so a tool-use round
+trip ends.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -226,10 +234,52 @@ def _chosen_tool(req: GenRequest) -> Tool | None:
         return next((t for t in req.tools if t.name == name), None)
     if choice in (None, "auto") and req.after_tool_result:
         return None
-    mentioned = [t for t in req.tools if t.name in req.last_user]
+    own = own_text(req.last_user)
+    mentioned = [t for t in req.tools if _names(own, t.name)]
     if choice == "required":
         return mentioned[0] if mentioned else req.tools[0]
     return mentioned[0] if mentioned else None
+
+
+# An XML-tagged block (``<tag ...>...</tag>``): context a client added to the user's turn.
+# Found as its opening tag and the first closing tag of the same name after it, in one pass over
+# each (a single backtracking pattern costs quadratic time on many unclosed tags).
+_OPENING = re.compile(r"<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>")
+_CLOSING = re.compile(r"</([A-Za-z][\w.:-]*)\s*>")
+
+
+def own_text(turn: str) -> str:
+    """A user turn's text less its XML-tagged context blocks (see the module doc), each one
+    replaced by a space: linear in the turn's length."""
+    if "</" not in turn:
+        return turn
+    closings: dict[str, list[tuple[int, int]]] = {}
+    for found in _CLOSING.finditer(turn):
+        closings.setdefault(found.group(1), []).append(found.span())
+    out: list[str] = []
+    at = 0
+    for found in _OPENING.finditer(turn):
+        spans = closings.get(found.group(1))
+        if found.start() < at or not spans:
+            continue
+        k = bisect.bisect_left(spans, (found.end(), -1))
+        if k < len(spans):
+            out += (turn[at : found.start()], " ")
+            at = spans[k][1]
+    return "".join(out) + turn[at:] if out else turn
+
+
+def _names(text: str, name: str) -> bool:
+    """``name`` appears in ``text`` as a whole word."""
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        before = text[at - 1] if at else " "
+        after = text[end] if end < len(text) else " "
+        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
+            return True
+        at = text.find(name, at + 1)
+    return False
 
 
 _CHECK_SEED = 0

@@ -1,7 +1,8 @@
-"""Every Prometheus object the gateway exports (CONTRACTS.md, "Metrics"), on a registry owned by
+"""Every Prometheus metric the gateway exports (docs/contracts.md, "Metrics"), on a registry held by
 the app (no globals), and the ``record_*`` helpers the proxy calls once per request.
 
-Label values are bounded and server-controlled: ``route`` from a fixed set; ``model`` = a served
+Label values are bounded and server-controlled: ``route`` from a fixed set (the surface
+registry's paths, ``app.surfaces``, given to ``Metrics``); ``model`` = a served
 model (aliases resolved; at most ``MAX_MODELS``, else ``other``); ``worker`` = the worker's stable
 name; ``status`` = the HTTP status sent; ``key`` = a configured API key name; ``reason`` and
 ``outcome`` from fixed sets. Bounded label sets are pre-initialised, so every series exists from
@@ -36,7 +37,6 @@ from app.metrics.families import (
     PREFIX,
     QUEUE_BUCKETS,
     RETRY_REASONS,
-    ROUTES,
     SOURCES,
     STATUSES,
     THROUGHPUT_WINDOW_S,
@@ -59,7 +59,6 @@ __all__ = [
     "PREFIX",
     "QUEUE_BUCKETS",
     "RETRY_REASONS",
-    "ROUTES",
     "SOURCES",
     "STATUSES",
     "STREAM_OUTCOMES",

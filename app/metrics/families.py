@@ -1,4 +1,4 @@
-"""The gateway's metric families (names in CONTRACTS.md, "Metrics"): bucket layouts, the bounded
+"""The gateway's metric families (docs/contracts.md, "Metrics"): bucket layouts, the bounded
 label value sets, and ``Families``, which defines every family on a registry. ``Metrics``
 (``recorder.py``) adds the label values and records into them."""
 
@@ -11,12 +11,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "dflash_gateway_"
 OTHER = "other"
-ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-)
 MAX_MODELS = 32
 # requests_total series that exist before the first such answer (alerts divide by them).
 STATUSES = ("200", "400", "404", "429", "499", "500", "502", "503", "504")
@@ -33,8 +27,12 @@ RETRY_REASONS = frozenset(
     }
 )
 SOURCES = ("exact", "estimated")
+# ``upstream_violations_total{worker,kind}``: how a worker's answer was out of step.
+VIOLATIONS = ("foreign_answer", "data_after_done")
 # Token quotas a request can be refused by (``tenants.*``).
 QUOTAS = ("tokens_per_min", "tokens_per_day")
+# The supervised background tasks (``app.background``); "usage" is the usage log's writer thread.
+BACKGROUND_TASKS = ("discovery", "health", "loads", "metrics", "keys", "usage")
 # What a shared limit store (Redis) holds: request rate + concurrency limits, token quotas.
 LIMIT_STORES = ("requests", "tokens")
 
@@ -109,6 +107,14 @@ class Families:
             "upstream_attempts", "Requests sent to workers, by outcome", ("worker", "outcome")
         )
         self.retries = counter("retries", "Attempts retried on another worker", ("reason",))
+        self.upstream_violations = counter(
+            "upstream_violations",
+            "Worker answers out of step with the request, by kind: foreign_answer (the answer or "
+            "the stream's first event carried another request's id; the connection was closed "
+            "and the attempt failed), data_after_done (data after a stream's [DONE]; not "
+            "relayed, the connection closed, the client's answer kept)",
+            ("worker", "kind"),
+        )
         self.aborts_sent = counter("aborts_sent", "POST /abort_request calls sent to workers")
         self.queue_wait = histogram(
             "queue_wait_seconds",
@@ -255,6 +261,16 @@ class Families:
         self.usage_log_dropped = counter(
             "usage_log_dropped_lines",
             "Usage log lines dropped because the writer fell behind or the disk failed",
+        )
+        self.client_write_timeouts = counter(
+            "client_write_timeouts",
+            "Client connections closed because the client took none of a response's bytes for "
+            "timeouts.client_write_s",
+        )
+        self.background_restarts = counter(
+            "background_task_restarts",
+            "Background tasks restarted after they crashed (logged with the traceback), by task",
+            ("task",),
         )
         self.dropped_fields = counter(
             "requests_with_dropped_fields",

@@ -13,15 +13,16 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from app.metrics.families import (
+    BACKGROUND_TASKS,
     LIMIT_STORES,
     MAX_MODELS,
     OTHER,
     QUOTAS,
     RETRY_REASONS,
-    ROUTES,
     SOURCES,
     STATUSES,
     THROUGHPUT_WINDOW_S,
+    VIOLATIONS,
     WORKER_GAUGES,
     Families,
 )
@@ -102,9 +103,12 @@ class Metrics(Families):
         self,
         *,
         models: Iterable[str] = (),
+        routes: Iterable[str] = (),
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``routes``: the API routes whose series exist from start-up (the surface registry's,
+        ``app.surfaces.ROUTES``; a route label is a path the gateway serves, never a client's)."""
         # No ``*_created`` series: they would double the series count (and multiprocess mode has
         # none), and Prometheus 2.x does not use them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -115,15 +119,18 @@ class Metrics(Families):
         self._workers: set[str] = set()
         self._windows: dict[str, TokenWindow] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._routes = tuple(routes)
 
         for outcome in STREAM_OUTCOMES:
             self.stream_outcomes.labels(outcome)
-        for route in ROUTES:
+        for route in self._routes:
             self.dropped_fields.labels(route)
         for priority in PRIORITIES:
             self.queue_wait.labels(priority)
         for limit in LIMIT_STORES:
             self.limit_store_errors.labels(limit)
+        for task in BACKGROUND_TASKS:
+            self.background_restarts.labels(task)
         for reason in (*sorted(RETRY_REASONS), OTHER):
             self.retries.labels(reason)
         self._model(OTHER)
@@ -139,7 +146,7 @@ class Metrics(Families):
         if len(self._models) > MAX_MODELS:  # OTHER + MAX_MODELS served models
             return OTHER
         self._models.add(model)
-        for route in ROUTES:
+        for route in self._routes:
             for status in STATUSES:
                 self.requests.labels(route, model, status)
             self.request_duration.labels(route, model)
@@ -181,6 +188,8 @@ class Metrics(Families):
         self._workers.add(worker)
         for outcome in ATTEMPT_OUTCOMES:
             self.upstream_attempts.labels(worker, outcome)
+        for kind in VIOLATIONS:
+            self.upstream_violations.labels(worker, kind)
         for gauge in (
             self.in_flight,
             self.worker_up,
@@ -293,6 +302,10 @@ class Metrics(Families):
     def record_attempt(self, worker: str, outcome: Outcome) -> None:
         self._child(self.upstream_attempts, worker, outcome).inc()
 
+    def record_violation(self, worker: str, kind: str) -> None:
+        """``kind``: one of ``VIOLATIONS``."""
+        self._child(self.upstream_violations, worker, kind).inc()
+
     def record_retry(self, reason: str) -> None:
         self._child(self.retries, reason if reason in RETRY_REASONS else OTHER).inc()
 
@@ -320,6 +333,13 @@ class Metrics(Families):
     def record_limit_store_error(self, limit: str) -> None:
         """``limit``: one of ``LIMIT_STORES``."""
         self.limit_store_errors.labels(limit).inc()
+
+    def record_client_write_timeout(self) -> None:
+        self.client_write_timeouts.inc()
+
+    def record_task_restart(self, task: str) -> None:
+        """``task``: one of ``BACKGROUND_TASKS`` (``app.background.supervise``)."""
+        self.background_restarts.labels(task if task in BACKGROUND_TASKS else OTHER).inc()
 
     def record_usage_log_dropped(self, lines: int = 1) -> None:
         self.usage_log_dropped.inc(lines)

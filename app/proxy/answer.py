@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from app.upstream.sse import Usage, reported_count
+from app.upstream.sse import Usage, answers, foreign, reported_count
 
 _KEY = b'"meta_info"'
 _SPACE = b" \t\r\n"
@@ -45,6 +45,7 @@ class _Usage(msgspec.Struct):
 
 
 class _Answer(msgspec.Struct):
+    id: Any = None
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
 
@@ -57,11 +58,17 @@ class NotJSON(ValueError):
     """The body is not JSON at all."""
 
 
-def read_answer(body: bytes, *, strip: bool) -> tuple[Usage | None, int | None, bytes] | None:
+def read_answer(
+    body: bytes, *, strip: bool, rid: str | None = None
+) -> tuple[Usage | None, int | None, bytes] | None:
     """``(usage, verify steps, the client's bytes)`` of a non-streamed answer (see the module
-    docstring); None for another shape; ``NotJSON`` for a body that is not JSON."""
+    docstring); None for another shape; ``NotJSON`` for a body that is not JSON. ``rid``: the
+    request's, which the answer's ``id`` must carry (``app.upstream.sse.answers``), else
+    ``UpstreamForeignAnswer``."""
     try:
         answer = _DECODER.decode(body)
+        if rid is not None and not answers(rid, answer.id):
+            raise foreign(rid, answer.id)
         metas = [c.meta_info for c in answer.choices or () if len(c.meta_info)]
         steps: int | None = None
         for raw in metas:

@@ -267,7 +267,10 @@ class Attempt:
             self.sup.finish(self)
             self._settle(error)
             if self.response is not None:
-                await self.response.aclose()
+                if error is None:
+                    await self.response.aclose()
+                else:  # whatever failed, its connection is not reused
+                    self.response.discard()
         finally:
             assert self._guard is not None
             self._guard.__exit__(None, None, None)  # in flight -1, the breaker's verdict

@@ -30,6 +30,7 @@ from app.errors import (
     GatewayError,
     ServiceUnavailable,
     UpstreamError,
+    UpstreamForeignAnswer,
     UpstreamTimeout,
 )
 from app.metrics import Metrics
@@ -37,10 +38,9 @@ from app.outcomes import Outcome
 from app.proxy.attempt import Attempt, Ended
 from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
-from app.proxy.relay import relay_stream, relay_whole
+from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest
 from app.proxy.supervisor import Supervisor
-from app.proxy.surface import OPENAI
 from app.routing.policies import Policy, RoutingContext
 from app.tenants.tenant import Tenant
 from app.upstream.client import UpstreamClient
@@ -136,14 +136,13 @@ class Proxy:
     async def run(
         self, job: Job, receive: Receive, send: Send, direct: DirectBody | None = None
     ) -> None:
-        surface = job.request.surface
         down = Downstream(
             send,
             job.request_id,
             stream=job.request.stream,
             clock=self._clock,
             direct=direct,
-            shape=OPENAI if surface is None else surface.shape,
+            shape=job.request.surface.shape,
             headers=job.response_headers,
         )
         sup = Supervisor(
@@ -349,10 +348,20 @@ class Proxy:
                         ),
                         headers,
                         sent=attempt.sent,
+                        # An answer that cannot be checked for its rid: where no stray can wait.
+                        fresh=not checkable(request),
                     )
                 )
                 if request.stream:
-                    await relay_stream(attempt, down, request, expose=expose)
+                    await relay_stream(
+                        attempt,
+                        down,
+                        request,
+                        expose=expose,
+                        stray=lambda: self._metrics.record_violation(
+                            worker.name, "data_after_done"
+                        ),
+                    )
                     record.status = 200
                 else:
                     await relay_whole(
@@ -364,6 +373,9 @@ class Proxy:
                     )
                     record.status = attempt.status_code
             record.outcome = Outcome.UPSTREAM_ERROR if attempt.tally.inband_error else Outcome.OK
+        except UpstreamForeignAnswer:
+            self._metrics.record_violation(worker.name, "foreign_answer")
+            raise
         finally:
             self._metrics.record_attempt(worker.name, attempt.outcome)
             if trace is not None:

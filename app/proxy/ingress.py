@@ -1,6 +1,7 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's traffic, in plain ASGI.
+"""The door of every API POST route (``Entry``), in plain ASGI; and the OpenAI routes' entries,
+``POST /v1/chat/completions`` and ``POST /v1/completions``.
 
-``serve_entry(gw, ENTRIES_BY_PATH[path], scope, receive, send)`` is the whole request: its
+``serve_entry(gw, entry, scope, receive, send)`` is the whole request: its
 X-Request-Id, the headers it reads (400 when one is repeated), the API key (401), the key's token
 quotas and limits (429, before the body is read; from here on every answer carries the key's
 rate-limit headers), the body's media type (415 unless ``application/json`` without a
@@ -8,29 +9,38 @@ Content-Encoding: a browser's form or ``text/plain`` POST cannot reach a worker)
 the cap; 499 when the client leaves while sending it; nothing when the server answered the request
 itself, e.g. a 408 for a body too slow: it recorded that), its validation (``app.proxy.request``,
 400), the model (404; 503 while no worker serves it or the gateway drains), then the proxy, which
-answers. Every error before the proxy runs is answered here in OpenAI shape, logged and counted
-(``app.api.access.reject``). Once the answer ended, its prompt + completion tokens are charged to
-the key's token quotas. Another API family comes through the same door with an ``Entry`` of its own:
-its headers, key, body translation and error shape (``app.anthropic.serve``).
+answers. Every error before the proxy runs is answered here in the surface's shape, logged and
+counted (``app.api.access.reject``). Once the answer ended, its prompt + completion tokens are
+charged to the key's token quotas. Each API family comes through the same door with an ``Entry``
+of its own: its headers, key, body translation, surface and OpenAPI declaration
+(``app.anthropic.serve``; the table of them all is ``app.surfaces``).
 
 ``GatewayApp`` (``app.main``) calls ``serve_entry`` ahead of FastAPI's middleware, routing and
 dependency injection, which together cost about as much CPU per request as relaying the whole
-answer. FastAPI still declares both routes: they document the bodies in ``/openapi.json``, answer
-other methods with 405, and serve the requests themselves when CORS is configured
-(``CORSMiddleware`` must see those), through the same ``serve_entry``.
+answer. FastAPI still declares every entry's route (``app.api.surfaces``): they document the
+bodies in ``/openapi.json``, answer other methods with 405, and serve the requests themselves when
+CORS is configured (``CORSMiddleware`` must see those), through the same ``serve_entry``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel
 
 from app.accesslog import AccessRecord
 from app.api.access import reject
 from app.api.request_id import outer_send, request_id_of
+from app.api.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    completion_responses,
+    request_body,
+)
 from app.api.security import admit, key_name, release
 from app.errors import (
     GatewayError,
@@ -46,7 +56,7 @@ from app.proxy.downstream import Receive, Send, send_error
 from app.proxy.forward import Job
 from app.proxy.headers import client_headers
 from app.proxy.request import ParsedRequest, Route, parse_request
-from app.proxy.surface import OPENAI, ErrorShape
+from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 from app.tenants.headers import HeaderStyle, openai_headers
@@ -55,7 +65,6 @@ from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
-ROUTES = {route.value: route for route in (Route.CHAT, Route.COMPLETIONS)}
 _SESSION = SESSION_HEADER.encode("ascii")
 _PRIORITY = PRIORITY_HEADER.lower().encode("ascii")
 _READ = frozenset(
@@ -71,17 +80,35 @@ _READ = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
+class Operation:
+    """How ``/openapi.json`` declares a POST route: its operation id, its body (the extra
+    OpenAPI of the operation: ``request_body(Model)`` for a documented model) and its answers by
+    status. ``models``: the pydantic models the body refers to (added to the components)."""
+
+    name: str
+    body: Mapping[str, Any]
+    responses: Mapping[int | str, Mapping[str, Any]]
+    models: tuple[type[BaseModel], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Entry:
-    """What differs between the API families at the door: the route label, the headers read,
-    where the API key is, how the body becomes a ``ParsedRequest``, the error shape and the
-    rate-limit headers' names."""
+    """One POST route of an API surface, as the door serves it (a row of ``app.surfaces``): its
+    path (also its ``route`` label in metrics and the access log), the headers read, where the
+    API key is, how the body becomes a ``ParsedRequest`` (translated, with ``surface`` as its
+    surface), the surface (stream observer, whole answer, error shape), the rate-limit headers'
+    names and its OpenAPI declaration."""
 
     route: str
     read: frozenset[bytes]
     credential: Callable[[dict[bytes, bytes]], str | None]
     parse: Callable[[Gateway, bytes], ParsedRequest]
-    shape: ErrorShape = OPENAI
-    limit_headers: HeaderStyle = openai_headers
+    surface: Surface
+    limit_headers: HeaderStyle
+    operation: Operation
+    # Instead of ``parse``, for a surface that reads state to build the body (a stored
+    # conversation): awaited with the caller's key name.
+    load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]] | None = None
 
 
 def bearer(read: dict[bytes, bytes]) -> str | None:
@@ -90,16 +117,20 @@ def bearer(read: dict[bytes, bytes]) -> str | None:
     return authorization.decode("latin-1") if authorization is not None else None
 
 
-def _openai(route: Route) -> Entry:
+def _openai(route: Route, surface: Surface, name: str, body: type[BaseModel]) -> Entry:
     def parse(gw: Gateway, raw: bytes) -> ParsedRequest:
         limits, aliases = gw.settings.limits, gw.settings.model_aliases
-        return parse_request(raw, route, limits=limits, aliases=aliases)
+        return parse_request(raw, route, limits=limits, aliases=aliases, surface=surface)
 
-    return Entry(route.value, _READ, bearer, parse)
+    operation = Operation(name, request_body(body), completion_responses(), (body,))
+    return Entry(route.value, _READ, bearer, parse, surface, openai_headers, operation)
 
 
-ENTRIES = {route: _openai(route) for route in ROUTES.values()}
-ENTRIES_BY_PATH = {route.value: entry for route, entry in ENTRIES.items()}
+# The OpenAI surfaces, by route: ``app.surfaces`` lists them.
+ENTRIES = {
+    Route.CHAT: _openai(Route.CHAT, CHAT, "chat_completions", ChatCompletionRequest),
+    Route.COMPLETIONS: _openai(Route.COMPLETIONS, COMPLETIONS, "completions", CompletionRequest),
+}
 
 
 async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, send: Send) -> None:
@@ -123,7 +154,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
         raw = await read_body(
             receive, read.get(b"content-length"), gw.settings.limits.max_body_bytes
         )
-        parsed = entry.parse(gw, raw)
+        parsed = entry.parse(gw, raw) if entry.load is None else await entry.load(gw, raw, key)
         check_model(gw, parsed)
     except Exception as exc:
         if trace is not None:
@@ -137,7 +168,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
             log.exception("request %s failed inside the gateway", request_id)
             exc = GatewayError("internal error")
         reject(gw, entry.route, request_id, exc, key=key, duration_s=gw.proxy.now() - started)
-        await send_error(send, exc, request_id.encode("ascii"), entry.shape, limit_headers)
+        await send_error(send, exc, request_id.encode("ascii"), entry.surface.shape, limit_headers)
         return
     forwarded.append((b"x-request-id", request_id.encode("ascii")))
     session = read.get(_SESSION)

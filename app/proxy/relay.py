@@ -10,36 +10,46 @@ metric update. Up to the commit point the chunks pass through the request's task
 gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
 straight to the client's connection, so a chunk costs no task switch at all.
 
-That is the OpenAI routes, whose observer is ``app.upstream.sse.SSEObserver``. A request of
-another API (``app.proxy.surface``) brings its own observer, chosen once per request: the
-Messages API's translates each worker event into Anthropic's (one orjson parse per event).
+The observer is the request's surface's (``app.proxy.surface``), chosen once per request: on the
+OpenAI routes ``app.upstream.sse.SSEObserver``; the Messages API's translates each worker event
+into Anthropic's (one orjson parse per event).
 
-A non-streamed response is read for its usage and each choice's ``meta_info`` (the exact
-acceptance length, asked for by the gateway) without building its document
-(``app.proxy.answer``); the ``meta_info`` members are cut out of the client's copy unless the
-client asked for them, the rest relayed byte for byte. Another API's surface, or an answer of
-another shape, is parsed whole (orjson) and the surface translates it.
+A non-streamed response is the surface's too (``Surface.answer``): on the OpenAI routes it is
+read for its usage and each choice's ``meta_info`` (the exact acceptance length, asked for by the
+gateway) without building its document (``app.proxy.answer``), the ``meta_info`` members cut out
+of the client's copy unless the client asked for them, the rest relayed byte for byte; another
+API's surface parses it whole (orjson) and translates it.
 """
 
 from __future__ import annotations
 
-import orjson
+from collections.abc import Callable
 
 from app.errors import UpstreamBadResponse, UpstreamStreamBroken
-from app.proxy.answer import NotJSON, read_answer
+from app.proxy.answer import NotJSON
 from app.proxy.attempt import Attempt
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.surface import Observer
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
-from app.upstream.sse import SSEObserver, parse_usage, take_meta_info
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
 
 
 def _not_json(attempt: Attempt) -> UpstreamBadResponse:
     return UpstreamBadResponse(f"worker {attempt.worker.name} answered with no JSON object")
+
+
+def expected_id(attempt: Attempt, request: ParsedRequest) -> str | None:
+    """The rid the worker's answer must carry (``app.upstream.sse.answers``), or None when its
+    answer carries nothing to check: parallel samples (``n`` > 1, fresh ids on the worker) and
+    count_tokens (no id). Those requests go on a new connection instead (``checkable``)."""
+    return attempt.rid if checkable(request) else None
+
+
+def checkable(request: ParsedRequest) -> bool:
+    """Whether the worker's answer to ``request`` says which request it answers."""
+    return request.choices == 1 and request.route is not Route.COUNT_TOKENS
 
 
 def _response(attempt: Attempt) -> UpstreamResponse:
@@ -49,20 +59,25 @@ def _response(attempt: Attempt) -> UpstreamResponse:
 
 
 async def relay_stream(
-    attempt: Attempt, down: Downstream, request: ParsedRequest, *, expose: bool = False
+    attempt: Attempt,
+    down: Downstream,
+    request: ParsedRequest,
+    *,
+    expose: bool = False,
+    stray: Callable[[], None] | None = None,
 ) -> None:
     """Relay an attempt's SSE stream, noting in ``attempt.tally`` what passes (the commit point:
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
-    or ends without ``[DONE]``. ``expose``: add the estimated acceptance length to the usage
-    chunk the client asked for."""
-    obs: Observer
-    if request.surface is None:
-        # Chat streams send a role chunk first and a finish chunk last per choice: no verify step.
-        overhead = 2 * request.choices if request.route is Route.CHAT else 0
-        drop = not request.client_wants_usage
-        obs = SSEObserver(drop_usage=drop, overhead=overhead, expose=expose)
-    else:  # another API's events, translated from the worker's
-        obs = request.surface.observer(request, expose=expose)
+    or ends without ``[DONE]``, ``UpstreamForeignAnswer`` if its first event answers another
+    request. ``expose``: add the estimated acceptance length to the usage chunk the client
+    asked for.
+
+    The stream ends at the worker's ``[DONE]`` (the surface's end follows it at once): nothing
+    after it is relayed or waited for. Its connection goes back to the pool only if the
+    response's end follows with no byte more; data after ``[DONE]`` closes it and calls
+    ``stray()`` (the client's answer stands: the worker is not blamed for it)."""
+    obs = request.surface.observer(request, expose=expose)
+    obs.expect = expected_id(attempt, request)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
@@ -79,13 +94,17 @@ async def relay_stream(
                     tally.first_at = clock()
                     break
         direct = down.direct()
-        if direct is not None:
+        if obs.done:
+            pass  # the whole stream came in the reads before the commit point
+        elif direct is not None:
             # Steady state in the upstream connection's read callback: no task switch per chunk.
             write, feed = direct.write, obs.feed
 
             def sink(chunk: bytes) -> bool:
                 attempt.last_rx = now = clock()
                 out = feed(chunk)
+                if obs.done:  # the stream's end: nothing after it is read
+                    response.stop()
                 if out:
                     stamp(now)
                     return write(out)
@@ -105,9 +124,19 @@ async def relay_stream(
                 if out:
                     stamp(now)
                     await chunk_out(out)
-        rest = obs.finish()
-        if rest:
-            await chunk_out(rest)
+                if obs.done:
+                    break
+        if obs.done:
+            if obs.after_done:
+                response.discard()
+                if stray is not None:
+                    stray()
+            else:
+                response.release_at_end(stray)
+        else:
+            rest = obs.finish()
+            if rest:
+                await chunk_out(rest)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=obs.first_data) from None
     finally:
@@ -142,28 +171,10 @@ async def relay_whole(
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
     attempt.tally.answer_bytes = len(body)
-    strip = not request.client_wants_meta_info
-    read = None
-    if request.surface is None:
-        try:
-            read = read_answer(body, strip=strip)
-        except NotJSON:
-            raise _not_json(attempt) from None
-    if read is not None:
-        usage, steps, body = read
-    else:  # another shape than SGLang's, or another API's surface: the whole document
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            doc = None
-        if not isinstance(doc, dict):
-            raise _not_json(attempt)
-        usage = parse_usage(doc)
-        steps = take_meta_info(doc, strip=strip)
-        if strip and b'"meta_info"' in body:
-            body = orjson.dumps(doc)
-        if request.surface is not None:
-            body = request.surface.whole(doc, request)
+    try:
+        usage, steps, body = request.surface.answer(body, request, expected_id(attempt, request))
+    except NotJSON:
+        raise _not_json(attempt) from None
     headers: list[tuple[bytes, bytes]] = []
     if usage is not None and steps is not None:
         usage.verify_steps, usage.exact = steps, True

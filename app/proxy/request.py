@@ -43,7 +43,7 @@ from app.proxy.fields import (
     schema_for,
 )
 from app.proxy.media import MARKER, check_chat_media, image_policy
-from app.proxy.surface import Surface
+from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ class ParsedRequest:
     dropped: str | None  # the first field dropped from the body, if any
     # Everything of the upstream body except the closing ``"rid":"..."}``.
     _head: tuple[memoryview | bytes, ...]
-    # The client's API when it is not the worker's own (``app.proxy.surface``).
-    surface: Surface | None = None
+    # The client's API (``app.proxy.surface``): how its stream, answer and errors look.
+    surface: Surface
     # The most completion tokens per choice the worker may generate (the client's max_tokens,
     # capped, or the default); None when unbounded.
     max_tokens: int | None = None
@@ -98,6 +98,7 @@ class ParsedRequest:
         return b"".join(self.upstream_parts(rid, priority))
 
 
+_SURFACES: dict[Route, Surface] = {Route.CHAT: CHAT, Route.COMPLETIONS: COMPLETIONS}
 _PRIORITY_FIELDS = {value: b'"priority":%d,' % value for value in PRIORITIES.values()}
 _MESSAGES = msgspec.json.Decoder(list[Message])
 _TOKEN_FIELDS = {
@@ -124,7 +125,8 @@ def parse_request(
     surface: Surface | None = None,
 ) -> ParsedRequest:
     """Validate the fields the gateway depends on; raise ``InvalidRequest`` (400) otherwise.
-    ``surface``: the client's API, when the body was translated from another one."""
+    ``surface``: the client's API, when the body was translated from another one (else the
+    route's own OpenAI surface)."""
     schema = schema_for(route is Route.CHAT, limits.extra_fields)
     limit = limits.max_messages
     # Every message is an object (3 bytes or more with its comma), so a short body, or one with
@@ -188,7 +190,7 @@ def parse_request(
         conversation=conversation,
         dropped=dropped,
         _head=_head(raw, body, spans, schema, patch),
-        surface=surface,
+        surface=surface or _SURFACES[route],
         max_tokens=max_tokens,
     )
 

@@ -13,10 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class RoutingConfig(BaseModel):
+    """Acceptance-collapse detection: a worker whose acceptance length fell far below its peers'."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # A worker is collapsed when its acceptance-length EWMA is below this x its peers' median.
     collapse_ratio: float = Field(0.6, gt=0, lt=1)
+    # A collapsed worker is clear again at this x its peers' median (not below collapse_ratio).
     collapse_clear_ratio: float = Field(0.7, gt=0, le=1)
+    # Answered requests a worker needs before it is judged, or counts as a peer.
     collapse_min_samples: int = Field(20, ge=1)
     # Weight of each new request in the EWMA (0.1: about the last 20 requests matter).
     collapse_ewma_alpha: float = Field(0.1, gt=0, le=1)

@@ -1,4 +1,4 @@
-"""The routing key ``prefix_affinity`` hashes (CONTRACTS.md): ``X-Session-Id``, else the request's
+"""The routing key of ``prefix_affinity`` (docs/contracts.md): ``X-Session-Id``, else the request's
 ``user`` field, else a hash of the leading conversation (system prompt + first user turn), so every
 turn of one conversation shares a key and lands where SGLang's radix cache holds its prefix.
 

@@ -274,7 +274,7 @@ class SpareCapacity:
 
 
 def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> Policy:
-    """The policy called ``name`` (CONTRACTS.md lists the names)."""
+    """The policy called ``name`` (docs/contracts.md lists the names)."""
     if name == "least_inflight":
         return LeastInflight()
     if name == "power_of_two":

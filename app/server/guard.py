@@ -13,21 +13,32 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
   the idle time between requests);
 - the body within ``body_s`` of the headers;
 - a pipelined request (sent before the answer to the one ahead of it ended) is not read until
-  that answer ends: its clocks start then;
+  that answer ends: its clocks start then; at most ``max_pipelined`` requests (the one answering
+  included) are read ahead on one connection, the rest waits unread
+  (``HttpConnection.max_pipelined``);
 - the head (request line, headers, blank line) at most ``max_header_bytes``, counted as bytes
   arrive (``HttpConnection.head_size``): a header line that never ends is refused once it passes
   the limit, not buffered, and the verdict does not depend on how the head was split into reads.
 
-Over a limit the client gets a 408, 431 or 503 (JSON in OpenAI's shape, Anthropic's on the Messages
-routes; ``Connection: close``, an ``X-Request-Id``) if nothing was answered yet, and the connection
-is closed; a response already under way is left to finish (the request's own: no second answer;
-an earlier pipelined one's: the refusal follows it, never in its midst). An unparsable request
+Over a limit the client gets a 408, 431 or 503 (JSON in the shape of the target's API, from the
+surface registry ``app.surfaces``, OpenAI's for any other path; ``Connection: close``, an
+``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response already
+under way is left to finish (the request's own: no second answer; an earlier pipelined one's:
+the refusal follows it, never in its midst). An unparsable request
 gets a 400 the same way. Each such answer is reported (``Report``: an access-log line and
 ``requests_total``), and only there: the stopped request's application records nothing
 (``ResponseLane.stopped``). A connection on which no request began is closed without an answer
 (a client that opened it early must not read a 408 as the answer to the request it sends later).
+Every response has a write deadline too: once its bytes wait in the connection's write buffer
+(over the buffer's high-water mark, or left there when the response or refusal ended), the client
+must take some within ``write_s``, and again within each ``write_s`` after, or the connection is
+closed at once (what is buffered dropped) and counted (``stalled``): a client that never reads
+cannot pin a connection slot, a request task or the buffered bytes. A started stream is left to
+its relay's own slow-reader guard (``timeouts.idle_s``).
+
 The cost is one timer per request phase left unfinished by a read (``loop.call_at``; none for a
-request that arrives whole), nothing per body chunk.
+request that arrives whole), one per response whose bytes the client has not taken yet (none when
+the kernel took them at once), nothing per body chunk.
 
 The protocol also offers each request the ``app.proxy.direct`` extension (stream chunks written
 without ASGI ``send``).
@@ -42,9 +53,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from app.anthropic.shape import ANTHROPIC, ANTHROPIC_PATHS
 from app.errors import (
     GatewayError,
     HeadersTooLarge,
@@ -55,6 +63,7 @@ from app.errors import (
 from app.proxy.direct import EXTENSION
 from app.server.lane import ResponseLane
 from app.server.uvicorn_adapter import HttpConnection
+from app.surfaces import shape_of
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,10 @@ def _no_report(target: bytes, request_id: str, error: GatewayError) -> None:
     pass
 
 
+def _no_count() -> None:
+    pass
+
+
 @dataclass(frozen=True, slots=True)
 class GuardLimits:
     header_s: float
@@ -80,6 +93,8 @@ class GuardLimits:
     max_header_bytes: int
     max_connections: int = 4096
     retry_after_s: int = 1  # on the 503 for a connection over max_connections
+    max_pipelined: int = 16  # requests read ahead on one connection (HttpConnection)
+    write_s: float = 60.0  # a response's bytes left unread this long, no progress: closed
 
 
 class _HeadersOverLimit(Exception):
@@ -89,9 +104,15 @@ class _HeadersOverLimit(Exception):
 class GuardedConnection(HttpConnection):
     limits = GuardLimits(header_s=10.0, body_s=60.0, max_header_bytes=64 * 1024)
     report: Report = staticmethod(_no_report)
+    stalled: Callable[[], None] = staticmethod(_no_count)  # a connection closed by write_s
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The write deadline: armed while bytes wait unsent, with what waited when it was armed
+        # and whether the client took bytes since (``writes_moved``).
+        self._writing: asyncio.TimerHandle | None = None
+        self._write_mark = 0
+        self._write_moved = False
         self._guard: asyncio.TimerHandle | None = None
         # The current phase's deadline (loop time) and what to do then; the timer is (re)armed
         # only after a read that leaves a phase unfinished, so a request that arrives whole in
@@ -147,6 +168,16 @@ class GuardedConnection(HttpConnection):
     def closed(self) -> None:
         self._want = self._deferred = None
         self._disarm()
+        if self._writing is not None:
+            self._writing.cancel()
+            self._writing = None
+
+    def writes_pending(self) -> None:
+        if self._writing is None:
+            self._watch_writes()
+
+    def writes_moved(self) -> None:
+        self._write_moved = True
 
     def response_ended(self) -> None:
         deferred = self._deferred
@@ -182,6 +213,29 @@ class GuardedConnection(HttpConnection):
         self._want = self._deferred = None
 
     # Limits
+    def _watch_writes(self) -> None:
+        self._write_mark, self._write_moved = self.unsent(), False
+        self._writing = self.loop.call_later(self.limits.write_s, self._writes_due)
+
+    def _writes_due(self) -> None:
+        """``write_s`` after bytes were left waiting: closed if the client took none since."""
+        self._writing = None
+        unsent = self.unsent()
+        transport = self.transport
+        if unsent == 0 or transport is None:
+            return
+        if self._write_moved or unsent < self._write_mark or self.streaming():
+            self._watch_writes()  # it took some (a started stream's relay judges its own client)
+            return
+        log.info(
+            "closing the connection from %s: %d response bytes not taken for %.0f s",
+            self.peer(),
+            unsent,
+            self.limits.write_s,
+        )
+        self.stalled()
+        self.abort()
+
     def _too_large(self) -> None:
         limit = self.limits.max_header_bytes
         self._refuse(HeadersTooLarge(f"request headers are larger than {limit} bytes"))
@@ -213,8 +267,7 @@ class GuardedConnection(HttpConnection):
 
 def _raw_response(error: GatewayError, request_id: str, target: bytes = b"") -> bytes:
     """The whole answer, its body in the shape of the API the target belongs to."""
-    anthropic = target.split(b"?", 1)[0] in ANTHROPIC_PATHS
-    body = ANTHROPIC.error_json(error) if anthropic else orjson.dumps(error.body())
+    body = shape_of(target).error_json(error)
     reason = _REASONS.get(error.status, b"Error")
     extra = b"".join(
         b"%s: %s\r\n" % (k.lower().encode("latin-1"), v.encode("latin-1"))
@@ -233,14 +286,22 @@ def _raw_response(error: GatewayError, request_id: str, target: bytes = b"") -> 
     )
 
 
-def guarded_protocol(limits: GuardLimits, report: Report | None = None) -> type[GuardedConnection]:
+def guarded_protocol(
+    limits: GuardLimits,
+    report: Report | None = None,
+    stalled: Callable[[], None] | None = None,
+) -> type[GuardedConnection]:
     """The protocol class with these limits, for ``uvicorn.Config(http=...)``; ``report`` hears
-    of every request it answers itself."""
+    of every request it answers itself, ``stalled`` of every connection closed because its
+    client took no response bytes for ``write_s``."""
 
     class Guarded(GuardedConnection):
         pass
 
     Guarded.limits = limits
+    Guarded.max_pipelined = limits.max_pipelined
     if report is not None:
         Guarded.report = staticmethod(report)
+    if stalled is not None:
+        Guarded.stalled = staticmethod(stalled)
     return Guarded

@@ -3,9 +3,11 @@ Prometheus inside the cluster while the API port is public. When it is set, the 
 404 for /metrics.
 
 The port has the API port's guards (the same protocol class: header and body deadlines, header
-size cap, connection cap), a Bearer key when ``auth.protect_ops`` is set (as ``/metrics`` on the
-API port) and an access-log line per answer. The server shares the gateway's event loop and
-process; the gateway's uvicorn server owns the signals and stops this one when it stops.
+size cap, connection cap, write deadline) and an access-log line per answer. It is Prometheus's:
+open by default even when API keys are configured (``/metrics`` on the API port then needs a
+key), and needs a Bearer key only when ``auth.protect_ops`` is set to true. The server shares the
+gateway's event loop and process; the gateway's uvicorn server owns the signals and stops this one
+when it stops.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def metrics_app(gateway: Gateway) -> Any:
                 raise NotFound(f"no route for {path} here")
             if method not in ("GET", "HEAD"):
                 raise MethodNotAllowed(f"method {method} is not allowed on {path}")
-            ops_key_of(gateway, scope["headers"])
+            ops_key_of(gateway, scope["headers"], metrics_port=True)
             status, ctype, body = 200, CONTENT_TYPE.encode(), exposition(gateway)
             error = None
         except GatewayError as exc:

@@ -33,6 +33,7 @@ from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
 from app.server.sockets import listen, listen_shared
 from app.server.uvicorn_adapter import Server
+from app.surfaces import ROUTES
 from app.tenants.usage import process_path
 
 log = logging.getLogger(__name__)
@@ -133,15 +134,19 @@ def per_process(settings: Settings, index: int) -> Settings:
 def guarded(gateway: Gateway, settings: Settings) -> type[GuardedConnection]:
     """The gateway's httptools protocol: offers the relay's direct lane and refuses slow,
     oversized and surplus connections, counting each refusal in ``gateway``'s metrics and
-    access log."""
+    access log (and each client cut off for not reading its response)."""
     limits = GuardLimits(
         header_s=settings.timeouts.client_header_s,
         body_s=settings.timeouts.client_body_s,
         max_header_bytes=settings.limits.max_header_bytes,
         max_connections=settings.limits.max_connections,
         retry_after_s=settings.admission.retry_after_s,
+        max_pipelined=settings.limits.max_pipelined,
+        write_s=settings.timeouts.client_write_s,
     )
-    return guarded_protocol(limits, refusals(gateway))
+    return guarded_protocol(
+        limits, refusals(gateway, ROUTES), gateway.metrics.record_client_write_timeout
+    )
 
 
 def uvicorn_config(

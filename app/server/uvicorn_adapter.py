@@ -9,9 +9,19 @@ names any attribute a new release lacks.
 
 ``HttpConnection`` is uvicorn's protocol seen through a few hooks, named for what happens on the
 connection (``opened``, ``read_done``, ``head_began``, ``head_measured``, ``head_completed``,
-``message_completed``, ``response_ended``, ``closed``, ``unparsable``), and a few services
-(``respond_and_close``, ``stop_request``, ``waiting``, ``open_connections``, ``target``).
+``message_completed``, ``response_ended``, ``writes_pending``, ``writes_moved``, ``closed``,
+``unparsable``), and a few services (``respond_and_close``, ``stop_request``, ``waiting``,
+``open_connections``, ``target``, ``unsent``, ``streaming``, ``abort``).
 ``app.server.guard`` fills in the hooks.
+
+Pipelining costs constant work per request: the requests still answering are a queue
+(``_lanes``, completed ones popped from its left), and at most ``max_pipelined`` of them (the one
+answering included) are read ahead on one connection. A read that holds more requests is parsed
+up to that many and its rest kept unparsed (at most one read: reading pauses meanwhile); it is
+parsed as answers end, like uvicorn's own flow control for one queued request. A read is parsed
+in pieces only when it holds more than one head end (``\r\n\r\n``), each piece ending at one (a
+request that arrives whole is parsed in one piece as before), and kept back only between two
+requests, never inside one's body.
 
 ``head_size`` is the raw size of the request's head (request line, header lines, blank line),
 counted as bytes arrive: the same whether the head comes in one read or many. (A head that begins
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -42,19 +53,30 @@ from app.server.lane import ResponseLane
 # before the client reads it; then (or past this many dropped bytes) it is closed.
 LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
+_HEAD_END = b"\r\n\r\n"
 
 
 class HttpConnection(HttpToolsProtocol):
     """uvicorn's httptools protocol for one client connection, with hooks (no-ops here)."""
+
+    # Requests read ahead on one connection (the one answering included); past it the rest is
+    # parsed only as answers end, and the connection is not read meanwhile.
+    max_pipelined = 16
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lingering: asyncio.TimerHandle | None = None
         self._dropped = 0
         self._in_head = False  # a request's first byte was parsed, its headers are not complete
+        self._in_message = False  # ... its body is not complete (a read is only cut between two)
         # Requests on this connection still answering, oldest first (more than one only when
         # pipelined: uvicorn answers them in order).
-        self._lanes: list[ResponseLane] = []
+        self._lanes: deque[ResponseLane] = deque()
+        # The rest of a read beyond max_pipelined requests, not parsed yet: _unread[_unread_at:]
+        # (an offset, so taking one request off the front does not copy the rest).
+        self._unread = b""
+        self._unread_at = 0
+        self._feeding = False  # a deferred parse of ``_unread`` is scheduled
         self._held: bytes | None = None  # a refusal waiting for an earlier response to end
         self.head_size = 0  # raw bytes of the current request's head so far
         self._head_tail = b""  # its last bytes: a blank line may straddle two reads
@@ -89,6 +111,13 @@ class HttpConnection(HttpToolsProtocol):
         """A response ended and the connection is open: the next request, if one is queued
         behind it, is now answered and read."""
 
+    def writes_pending(self) -> None:
+        """Bytes wait in the connection's write buffer (``unsent``): it passed its high-water
+        mark, a response or a refusal ended with bytes still buffered."""
+
+    def writes_moved(self) -> None:
+        """The write buffer drained below its low-water mark: the client is taking bytes."""
+
     def closed(self) -> None:
         """The connection is gone."""
 
@@ -106,6 +135,22 @@ class HttpConnection(HttpToolsProtocol):
         url: bytes = getattr(self, "url", b"")
         return url
 
+    def unsent(self) -> int:
+        """Bytes written to the connection that the kernel has not taken yet."""
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
+    def streaming(self) -> bool:
+        """The request answering now is a started stream (its relay guards its own client)."""
+        lanes = self._unanswered()
+        return bool(lanes) and lanes[0].ready()
+
+    def abort(self) -> None:
+        """Hang up at once, dropping what is buffered (``close`` would wait to flush it)."""
+        transport = self.transport
+        if transport is not None:
+            transport.abort()
+
     def peer(self) -> str:
         client = self.client
         return f"{client[0]}:{client[1]}" if client else "unknown"
@@ -113,8 +158,19 @@ class HttpConnection(HttpToolsProtocol):
     def waiting(self) -> bool:
         """An earlier request's response on this connection is not complete: the current request
         (or the head being read) waits behind it."""
-        current = None if self._in_head else self.cycle
-        return any(not lane.complete() and not lane.serves(current) for lane in self._lanes)
+        lanes = self._unanswered()
+        return bool(lanes) and not lanes[0].serves(None if self._in_head else self.cycle)
+
+    def unanswered(self) -> int:
+        """Requests read on this connection whose responses are not complete."""
+        return len(self._unanswered())
+
+    def _unanswered(self) -> deque[ResponseLane]:
+        # uvicorn answers pipelined requests in order: the completed ones are at the left.
+        lanes = self._lanes
+        while lanes and lanes[0].complete():
+            lanes.popleft()
+        return lanes
 
     def stop_request(self) -> bool:
         """Stop the current request so that the server answers it: True. Its application (running
@@ -158,6 +214,7 @@ class HttpConnection(HttpToolsProtocol):
             self._held = raw
             self.flow.pause_reading()
             return
+        self._unread = b""
         transport.write(raw)
         if not transport.can_write_eof():
             transport.close()
@@ -165,6 +222,8 @@ class HttpConnection(HttpToolsProtocol):
         transport.write_eof()
         self._lingering = self.loop.call_later(LINGER_S, transport.close)
         self.flow.resume_reading()
+        if transport.get_write_buffer_size():
+            self.writes_pending()
 
     def close(self) -> None:
         transport = self.transport
@@ -182,6 +241,51 @@ class HttpConnection(HttpToolsProtocol):
             if self._dropped > LINGER_BYTES:
                 self.transport.close()
             return
+        if self._unread:  # a read already under way when reading paused: behind the rest
+            self._unread = self._unread[self._unread_at :] + data
+            self._unread_at = 0
+            self.flow.pause_reading()
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes, start: int = 0) -> None:
+        """Parse ``data[start:]`` up to ``max_pipelined`` unanswered requests; keep the rest."""
+        end = len(data)
+        boundary = data.find(_HEAD_END, start)
+        while True:
+            following = data.find(_HEAD_END, boundary + 4) if boundary >= 0 else -1
+            cut = end if following < 0 else boundary + 4
+            self._parse(data if start == 0 and cut == end else data[start:cut])
+            if cut == end or self._stopped_reading():
+                return
+            start, boundary = cut, following
+            if not self._in_message and self.unanswered() >= self.max_pipelined:
+                self._unread, self._unread_at = data, start
+                self.flow.pause_reading()
+                return
+
+    def _stopped_reading(self) -> bool:
+        """Nothing more of this connection is parsed: refused, closing, or handed to another
+        protocol (an upgrade)."""
+        transport = self.transport
+        return (
+            self._lingering is not None
+            or self._held is not None
+            or transport.is_closing()
+            or transport.get_protocol() is not self
+        )
+
+    def _feed_unread(self) -> None:
+        """Answers ended: parse what was kept of the last read, then read on."""
+        self._feeding = False
+        data, start, self._unread = self._unread, self._unread_at, b""
+        if not data or self.parser is None or self._stopped_reading():
+            return
+        self._feed(data, start)
+        if not self._unread and not self._stopped_reading() and not self.waiting():
+            self.flow.resume_reading()
+
+    def _parse(self, data: bytes) -> None:
         self._read = data
         self._began_here = self._ended_here = False
         super().data_received(data)
@@ -218,7 +322,8 @@ class HttpConnection(HttpToolsProtocol):
         if self._lingering is not None:
             self._lingering.cancel()
         super().connection_lost(exc)
-        lanes, self._lanes = self._lanes, []
+        self._unread = b""
+        lanes, self._lanes = self._lanes, deque()
         for lane in lanes:
             lane.gone()
         self.closed()
@@ -228,7 +333,7 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head = self._began_here = True
+        self._in_head = self._in_message = self._began_here = True
         self._mid_read = self._ended_here
         self.head_size = self._parsed = 0
         self._head_tail = b""
@@ -252,21 +357,36 @@ class HttpConnection(HttpToolsProtocol):
             self.head_completed(None)
             return
         lane = ResponseLane(cycle)
-        self._lanes = [each for each in self._lanes if not each.complete()]
-        self._lanes.append(lane)
+        self._unanswered().append(lane)
         self.head_completed(lane)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         self._ended_here = True
         self.message_completed()
         super().on_message_complete()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.writes_pending()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.writes_moved()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.transport.get_write_buffer_size():
+            self.writes_pending()
         if self.transport.is_closing():
             return
         if self._held is None:
             self.response_ended()
+            if self._unread:
+                self.flow.pause_reading()  # uvicorn resumed it: the kept requests come first
+                if not self._feeding:
+                    self._feeding = True
+                    self.loop.call_soon(self._feed_unread)
         elif self.waiting():
             self.flow.pause_reading()  # uvicorn resumed reading for the next queued request
         else:

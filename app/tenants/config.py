@@ -34,13 +34,15 @@ class _Section(BaseModel):
 class TenantPolicy(_Section):
     # Share of worker slots against the other keys waiting in the same priority class.
     weight: float = Field(1.0, gt=0, le=1000)
-    # The class of a request without X-Priority, and the highest class X-Priority may ask for
-    # (a higher one is lowered to this).
+    # The class of a request without X-Priority.
     priority: PriorityName = "normal"
+    # The highest class X-Priority may ask for (a higher one is lowered to this); not below
+    # priority.
     max_priority: PriorityName = "normal"
     # Prompt + completion tokens (from each answer's usage) per rolling minute and per UTC day;
     # None: no quota. Over either, requests get 429 + Retry-After until the window frees tokens.
     tokens_per_min: int | None = Field(None, ge=1)
+    # Prompt + completion tokens per UTC day (the budget starts again at 00:00 UTC); None: none.
     tokens_per_day: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
@@ -51,6 +53,9 @@ class TenantPolicy(_Section):
 
 
 class TenantsConfig(_Section):
+    """Per-API-key policy (by key name): fair-share weight, priority classes, token quotas, and
+    the usage log."""
+
     default: TenantPolicy = TenantPolicy()
     # Policies by API key name (the NAME of NAME:KEY entries).
     keys: dict[str, TenantPolicy] = Field(default_factory=dict)
@@ -59,8 +64,11 @@ class TenantsConfig(_Section):
     # by usage_log_queue lines (a full or slow disk), lines are dropped and counted, never waited
     # for.
     usage_log: Path | None = None
+    # Rotate the usage log before a line would take it past this size.
     usage_log_max_bytes: int = Field(100 * 1024 * 1024, ge=4096)
+    # Rotated files kept (usage.jsonl.1, .2, ...); 0: the file starts afresh.
     usage_log_backups: int = Field(5, ge=0, le=1000)
+    # Lines that may wait for the writer thread; more are dropped and counted.
     usage_log_queue: int = Field(10000, ge=1)
 
     def policy(self, key: str | None) -> TenantPolicy:

@@ -96,6 +96,7 @@ class UsageLog:
         queue: int,
         dropped: Callable[[int], None],
         wall: Callable[[], float] = time.time,
+        crashed: Callable[[], None] = lambda: None,
     ) -> None:
         self.path = path
         self._max_bytes = max_bytes
@@ -105,6 +106,7 @@ class UsageLog:
         self._second = -1  # the second whose RFC 3339 prefix is cached
         self._prefix = ""
         self._dropped = dropped
+        self._crashed = crashed
         self._wall = wall
         self._pending: collections.deque[tuple[float, AccessRecord]] = collections.deque()
         self._wake = threading.Event()
@@ -118,7 +120,12 @@ class UsageLog:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: TenantsConfig, dropped: Callable[[int], None]) -> UsageLog | None:
+    def from_config(
+        cls,
+        config: TenantsConfig,
+        dropped: Callable[[int], None],
+        crashed: Callable[[], None] = lambda: None,
+    ) -> UsageLog | None:
         if config.usage_log is None:
             return None
         return cls(
@@ -127,6 +134,7 @@ class UsageLog:
             backups=config.usage_log_backups,
             queue=config.usage_log_queue,
             dropped=dropped,
+            crashed=crashed,
         )
 
     # -- the request's side: O(1), never blocks ------------------------------------------------
@@ -185,13 +193,29 @@ class UsageLog:
                             at, record = pending.popleft()
                         except IndexError:  # emptied (or cleared by a close that gave up)
                             break
-                        lines.append(usage_line(self._stamp(at), record))
+                        try:
+                            lines.append(usage_line(self._stamp(at), record))
+                        except Exception:
+                            self._crash(1)
                     if lines:
-                        self._write(lines)
+                        try:
+                            self._write(lines)
+                        except Exception:
+                            self._crash(len(lines))
                 if self._closed:
                     return
         finally:
             self._close_fd()
+
+    def _crash(self, lines: int) -> None:
+        """A bug lost ``lines`` lines: logged with its traceback, counted (dropped lines, and a
+        restart of the writer), and the writer goes on with the next lines."""
+        log.exception("usage log: the writer crashed (%d lines lost); it goes on", lines)
+        self._dropped(lines)
+        try:
+            self._crashed()
+        except Exception:
+            log.exception("usage log: the writer's crash not counted")
 
     def _stamp(self, at: float) -> str:
         """``at`` (wall-clock seconds) as RFC 3339 UTC with milliseconds, e.g.

@@ -41,8 +41,12 @@ def sdk_missing() -> str | None:
 
 
 class TracingConfig(BaseModel):
+    """OpenTelemetry traces of the completion requests, exported over OTLP/HTTP (off by
+    default; needs ``pip install 'dflash-gateway[otel]'``)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # Record a trace of every completion request.
     enabled: bool = False
     service_name: str = Field("dflash-gateway", min_length=1)  # the spans' service.name
     # otlp: OTLP over HTTP/protobuf (no gRPC); console: each span as JSON on stdout.

@@ -68,11 +68,13 @@ class UpstreamClient:
         body: bytes | Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],
         sent: Callable[[], None] | None = None,
+        fresh: bool = False,
     ) -> UpstreamResponse:
         """POST ``body`` (its pieces, in order) and return the streaming response once its
         headers arrived with 2xx. A large body is written piece by piece, never joined.
         ``sent()`` is called once the request is handed to its connection (from then on the
-        worker may be running it).
+        worker may be running it). ``fresh``: on a new connection (the caller cannot check that
+        the answer is the one to this request).
 
         Raises ``UpstreamConnectError`` (never reached the worker / no response: retryable),
         ``UpstreamBadResponse`` (not an HTTP/1.1 response the gateway accepts),
@@ -92,7 +94,7 @@ class UpstreamClient:
         # One bytes object for a usual request (one write); a large body stays in pieces.
         data = b"".join(parts) if size <= _JOIN_MAX else parts
         try:
-            response = await self._wire.request(host, port, data, sent=sent)
+            response = await self._wire.request(host, port, data, sent=sent, fresh=fresh)
         except TransportError as exc:
             raise map_transport_error(exc, worker, committed=False) from None
         status = response.status_code
@@ -152,7 +154,12 @@ class UpstreamClient:
         timeout: float,  # noqa: ASYNC109
     ) -> tuple[int, bytes]:
         """A small control call (health, loads, models, abort), whole within ``timeout``, its
-        answer at most ``_MAX_CONTROL_BODY`` bytes. Raises an ``UpstreamError``."""
+        answer at most ``_MAX_CONTROL_BODY`` bytes. Raises an ``UpstreamError``.
+
+        Its answer carries no request id to check, so it goes on a new connection, never a
+        pooled one: no late stray response can be waiting there. (Its connection is pooled
+        afterwards: proxied requests check their answers' ids.) A few calls per worker and
+        ``health.loads_interval_s``: the connects cost nothing that shows."""
         host, port, head = self._control_head(worker.url + path, method)
         if body is not None:
             request = b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body)
@@ -160,7 +167,7 @@ class UpstreamClient:
             request = head + b"\r\n"
         try:
             async with asyncio.timeout(timeout):
-                answer = await self._wire.request(host, port, request)
+                answer = await self._wire.request(host, port, request, fresh=True)
                 try:
                     content = await answer.aread(_MAX_CONTROL_BODY)
                 finally:

@@ -48,6 +48,7 @@ class Connection(asyncio.Protocol):
         "closed",
         "complete",
         "error",
+        "fd",
         "head_read",
         "head_size",
         "headers",
@@ -80,6 +81,7 @@ class Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.in_use = False  # a request is outstanding
         self.key = ("", 0)  # the pool it belongs to: host, port
+        self.fd = -1  # the socket's descriptor, polled before the connection is reused
         self.idle_since = 0.0
         self.pool: list[Connection] | None = None  # the idle stack holding it, if any
         self.paused = False
@@ -137,7 +139,7 @@ class Connection(asyncio.Protocol):
         elif self.pending > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        self.wake()
 
     def _feed_head(self, data: bytes) -> None:
         """Feed bytes while the head is still arriving, counting them against the cap (the
@@ -182,7 +184,7 @@ class Connection(asyncio.Protocol):
             with contextlib.suppress(ValueError):
                 self.pool.remove(self)
             self.pool = None
-        self._wake()
+        self.wake()
 
     # httptools callbacks
 
@@ -224,7 +226,7 @@ class Connection(asyncio.Protocol):
 
     # used by the client
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None

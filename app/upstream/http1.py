@@ -11,7 +11,12 @@ what a proxy needs and no more:
 
 * one keep-alive connection pool per worker (a LIFO stack of idle connections: the warmest one is
   reused; one past ``keepalive_s`` of idleness, or one the worker closed or wrote to while idle,
-  is closed instead);
+  is closed instead). Right before a request is written on a pooled connection, its socket is
+  polled once for readable bytes (a ``poll`` system call, under a microsecond, no round trip):
+  bytes the worker sent since the event loop last read it, or its hang-up, close it instead, so a
+  late stray response still in the kernel's buffer never becomes the next request's answer. A
+  request whose answer cannot be told apart from a stray one (``fresh``) is written on a new
+  connection, on which no earlier response can be pending;
 * the request's head and body leave in one ``write`` (TCP_NODELAY is set on every connection);
 * the response is parsed by llhttp (httptools, C): Content-Length, chunked and until-close
   bodies, and nothing past a response's end (see ``app.upstream.connection``);
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,6 +50,7 @@ from app.upstream.errors import ConnectFailed, ConnectTimeout, MalformedResponse
 
 _NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 _MAX_HOSTS = 1024  # pools kept before empty ones are dropped
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 
 
 class Http1Response:
@@ -51,7 +58,7 @@ class Http1Response:
     ``aclose`` returns the connection to the pool if the body was read to the end, else closes
     it (safe to call more than once)."""
 
-    __slots__ = ("_client", "_conn", "_headers", "_idle_s", "_raw", "status_code")
+    __slots__ = ("_client", "_conn", "_headers", "_idle_s", "_raw", "_stopped", "status_code")
 
     def __init__(self, client: Http1Client, conn: Connection, idle_s: float | None) -> None:
         self._client = client
@@ -62,6 +69,7 @@ class Http1Response:
         # only if asked for, which the relay never does.
         self._raw = conn.headers
         self.status_code = conn.status
+        self._stopped = False  # the reader has all it wants (``stop``)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -102,19 +110,22 @@ class Http1Response:
         callback (no task switch per read), until the body ends; then release the connection as
         ``aclose`` does. ``sink`` returns True when its consumer is behind: reading pauses until
         ``drain()`` returns. Errors are raised as ``__anext__`` raises them; an exception from
-        ``sink`` is raised here."""
+        ``sink`` is raised here. When ``sink`` calls ``stop()`` it returns at once, the
+        connection still held (``release_at_end`` or ``discard`` it)."""
         conn = self._conn
         if conn is None:
             return
         conn.sink = sink
         try:
             while True:
-                if conn.paused:  # the consumer is behind (or the body outgrew the buffer)
+                if conn.paused and not self._stopped:  # the consumer is behind
                     await drain()
                     conn.resume()
-                if conn.body and sink(conn.take()):
+                if conn.body and not self._stopped and sink(conn.take()):
                     conn.pause()
                     continue
+                if self._stopped:
+                    return
                 if conn.error is not None:  # before complete: the sink may fail on the last read
                     self._fail(conn.error)
                 if conn.complete:
@@ -127,6 +138,37 @@ class Http1Response:
         finally:
             conn.sink = None
         self._finish()
+
+    def stop(self) -> None:
+        """The reader has all it wants of the body (a stream's last event arrived): no more is
+        handed to ``pump``'s sink, and ``pump`` returns without waiting for the response's end.
+        Safe to call from the sink."""
+        self._stopped = True
+        conn = self._conn
+        if conn is not None:
+            conn.sink = None
+            conn.wake()
+
+    def release_at_end(self, stray: Callable[[], None] | None = None) -> None:
+        """Let go of a response whose reader has all it wants before its end arrived: the
+        connection goes back to the pool once the response's end arrives with no body byte
+        more. A body byte first (``stray()`` is called: the worker sent data it had said was
+        the last), an error, or ``keepalive_s`` without the end closes it. Nothing waits for
+        it."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if conn.body:
+            if stray is not None:
+                stray()
+            conn.close()
+        elif conn.complete or conn.error is not None or conn.closed:
+            if conn.reusable():
+                self._client.release(conn)
+            else:
+                conn.close()
+        else:
+            self._client.park(conn, stray)
 
     async def _wait(self, conn: Connection) -> None:
         waiter = conn.waiter = conn.loop.create_future()
@@ -158,6 +200,11 @@ class Http1Response:
 
     async def aclose(self) -> None:
         self._finish()
+
+    def discard(self) -> None:
+        """Close the connection, whatever was read of the response: its worker is out of step
+        (it answered another request), so nothing more from it is to be trusted."""
+        self._drop()
 
     def _finish(self) -> None:
         conn, self._conn = self._conn, None
@@ -207,12 +254,14 @@ class Http1Client:
         first_byte_s: float | None = None,
         idle_s: float | None = None,
         sent: Callable[[], None] | None = None,
+        fresh: bool = False,
     ) -> Http1Response:
         """Send ``data`` (a whole request: head and body, whole or in pieces written in order)
         and return the response once its status and headers arrived (``sent()`` is called once
-        the request is handed to its connection). Raises a ``TransportError``
-        (``app.upstream.errors``)."""
-        conn = await self._acquire(host, port)
+        the request is handed to its connection). ``fresh``: on a new connection, never a pooled
+        one (for a request whose answer carries nothing that tells it from a stray one). Raises
+        a ``TransportError`` (``app.upstream.errors``)."""
+        conn = await (self._connect(host, port) if fresh else self._acquire(host, port))
         try:
             conn.begin(data)
             if sent is not None:
@@ -249,6 +298,7 @@ class Http1Client:
                     and conn.transport is not None
                     and not conn.transport.is_closing()
                     and now - conn.idle_since < self._keepalive_s
+                    and not _readable(conn.fd)
                 ):
                     return conn
                 conn.close()
@@ -266,6 +316,7 @@ class Http1Client:
         conn.key = (host, port)
         sock = transport.get_extra_info("socket")
         if sock is not None:
+            conn.fd = sock.fileno()
             with contextlib.suppress(OSError):
                 sock.setsockopt(*_NODELAY)
         return conn
@@ -294,6 +345,34 @@ class Http1Client:
         conn.pool = idle
         idle.append(conn)
 
+    def park(self, conn: Connection, stray: Callable[[], None] | None) -> None:
+        """Hold ``conn`` out of the pool until the end of its response arrives (then it goes
+        in), a body byte arrives first (``stray()``, closed), it fails, or ``keepalive_s``
+        passes (closed). No task: a callback on each read."""
+        if conn.paused:
+            conn.resume()
+        timer = conn.loop.call_later(self._keepalive_s, conn.close)
+
+        def arm() -> None:
+            conn.waiter = conn.loop.create_future()
+            conn.waiter.add_done_callback(check)
+
+        def check(_: object) -> None:
+            if conn.body:
+                if stray is not None:
+                    stray()
+                conn.close()
+            elif conn.complete and conn.reusable():
+                self.release(conn)
+            elif conn.complete or conn.error is not None or conn.closed:
+                conn.close()
+            else:  # a partial read of the response's end
+                arm()
+                return
+            timer.cancel()
+
+        arm()
+
     def idle_connections(self, host: str, port: int) -> int:
         """Open connections to ``host:port`` waiting in the pool."""
         return sum(not c.closed for c in self._idle.get((host, port), ()))
@@ -305,3 +384,13 @@ class Http1Client:
                 conn.pool = None
                 conn.close()
         self._idle.clear()
+
+
+def _readable(fd: int) -> bool:
+    """Whether the socket ``fd`` has bytes (or a hang-up, or an error) waiting to be read: a
+    pooled connection must have none. (``poll``, not ``select``: descriptors past 1024.)"""
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, _READABLE)
+    return bool(poller.poll(0))

@@ -29,15 +29,25 @@ Events split across reads are held until their blank line (``\\n\\n`` or ``\\r\\
 (an incomplete SSE event is useless to a client anyway); whole events are never held. The end of
 the stream, ``data: [DONE]``, counts only as a whole event at a line start: a completion whose
 text says ``data: [DONE]`` carries it inside a JSON string, never after a raw newline.
+Nothing after that event is the client's: ``feed`` returns the read up to its end, and notes
+(``after_done``) whether the worker sent more; the relay stops reading the stream there.
+
+Whose answer it is: the gateway sends every attempt with its own ``rid``, and SGLang gives the
+answer that id (``answers``). With ``expect`` set to the rid, the stream's first data event must
+carry it, else ``feed`` raises ``UpstreamForeignAnswer`` before a byte of it is relayed: a late
+stray response on a reused connection is never taken for this request's (one small msgspec
+decode of that one event's ``id``, once per stream; later events are not checked).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import orjson
 
-from app.errors import UpstreamStatusError
+from app.errors import UpstreamForeignAnswer, UpstreamStatusError
 
 _DONE = b"data: [DONE]"
 _EVENT = b"\ndata:"
@@ -115,6 +125,40 @@ def take_meta_info(obj: object, *, strip: bool) -> int | None:
     return steps
 
 
+class _Head(msgspec.Struct):
+    id: Any = None
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+
+
+def answers(rid: str, answer_id: object) -> bool:
+    """Whether ``answer_id`` (the ``id`` of a worker's answer, or of a stream's chunk) is the id
+    SGLang gives the answer to a request sent with ``rid``: the rid itself, or ``rid_i`` for the
+    i-th prompt of a batch without parallel sampling (``GenerateReqInput._normalize_rid`` in
+    ``sglang/srt/managers/io_struct.py``; the OpenAI routes copy ``meta_info["id"]`` into the
+    response's ``id``). Parallel samples (``n`` > 1) get fresh random ids there: those answers
+    cannot be checked."""
+    if not isinstance(answer_id, str) or not answer_id.startswith(rid):
+        return False
+    rest = answer_id[len(rid) :]
+    return not rest or (rest[0] == "_" and rest[1:].isascii() and rest[1:].isdigit())
+
+
+def event_id(event: bytes) -> Any:
+    """The top-level ``id`` of a JSON event (None when it has none or is not JSON)."""
+    try:
+        return _HEAD.decode(event).id
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def foreign(rid: str, answer_id: object) -> UpstreamForeignAnswer:
+    return UpstreamForeignAnswer(
+        f"the worker's answer is not the one to request {rid} (its id: {answer_id!r:.80})"
+    )
+
+
 def _events(chunk: bytes) -> int:
     return chunk.count(_EVENT) + chunk.startswith(b"data:")
 
@@ -123,12 +167,24 @@ class StreamState:
     """What the relay reads of a stream's observer, whatever it relays (``SSEObserver`` passes
     the worker's events on; ``app.anthropic.stream`` translates them)."""
 
-    __slots__ = ("_carry", "done", "events", "first_data", "inband_error", "usage")
+    __slots__ = (
+        "_carry",
+        "after_done",
+        "done",
+        "events",
+        "expect",
+        "first_data",
+        "inband_error",
+        "usage",
+    )
 
     def __init__(self) -> None:
         self._carry = b""  # the start of an event whose end has not arrived
         self.first_data = False  # a data: event has passed through feed() (the commit point)
         self.done = False  # the worker's [DONE] arrived
+        self.after_done = False  # ...and the worker sent more after it (never relayed)
+        # The rid the stream's first data event must answer (``answers``); None: not checked.
+        self.expect: str | None = None
         self.events = 0  # the worker's data: events seen
         self.usage: Usage | None = None
         self.inband_error = False  # the worker sent an error event after the commit point
@@ -157,14 +213,24 @@ class SSEObserver(StreamState):
                 return b""
         if not self.first_data:
             return self._first(chunk)
+        at = chunk.find(_DONE)
+        if at >= 0:
+            chunk = self._done(chunk, _done_end(chunk, at, 0))
         self.events += chunk.count(_EVENT) + chunk.startswith(b"data:")
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
-        at = chunk.find(_DONE)
-        if at >= 0 and _done_at(chunk, at, 0):
-            self.done = True
         if b'{"error"' in chunk:  # SGLang sends an error event and [DONE] back to back
             self.inband_error = True
+        return chunk
+
+    def _done(self, chunk: bytes, end: int) -> bytes:
+        """``chunk`` up to the end of its ``[DONE]`` event (at ``end``; -1: none)."""
+        if end < 0:
+            return chunk
+        self.done = True
+        if end < len(chunk):
+            self.after_done = self.after_done or bool(chunk[end:].strip())
+            return chunk[:end]
         return chunk
 
     def finish(self) -> bytes:
@@ -186,13 +252,19 @@ class SSEObserver(StreamState):
         event = chunk[at + 5 :].lstrip()
         if event.startswith(b'{"error"'):
             raise leading_error(event)
+        rid = self.expect
+        if rid is not None:
+            answer_id = event_id(event[: _event_end(event, 0)])
+            if not answers(rid, answer_id):
+                raise foreign(rid, answer_id)
         self.first_data = True
+        done = chunk.find(_DONE)
+        if done >= 0:
+            chunk = self._done(chunk, _done_end(chunk, done, 0))
+            event = chunk[at + 5 :]
         self.events += _events(chunk)
         if b'"usage"' in chunk and (_EMPTY_CHOICES[0] in chunk or _EMPTY_CHOICES[1] in chunk):
             return self._usage(chunk)
-        done = chunk.find(_DONE)
-        if done >= 0 and _done_at(chunk, done, 0):
-            self.done = True
         if b'{"error"' in event:  # a later event of this read (the first one is not an error)
             self.inband_error = True
         return chunk
@@ -212,9 +284,6 @@ class SSEObserver(StreamState):
             steps = self.events - _events(chunk[start:]) - self._overhead
             usage.verify_steps = steps if steps > 0 else None
         self.usage = usage
-        done = chunk.find(_DONE, end)
-        if done >= 0 and _done_at(chunk, done, end):
-            self.done = True
         if self._drop_usage:
             return chunk[:start] + chunk[end:]
         length = usage.accept_length if usage is not None else None
@@ -252,18 +321,20 @@ def _last_event_end(chunk: bytes) -> int:
     return crlf + 3 if crlf >= 0 else -1
 
 
-def _done_at(chunk: bytes, at: int, start: int) -> bool:
-    """Whether ``chunk`` holds the whole event ``data: [DONE]``, searching from ``at`` (its
-    first occurrence at or after ``start``, an event boundary): at a line start and followed by
-    the blank line that ends an event. Elsewhere those words are text inside a JSON string."""
+def _done_end(chunk: bytes, at: int, start: int) -> int:
+    """Where the whole event ``data: [DONE]`` of ``chunk`` ends (after its blank line), searching
+    from ``at`` (its first occurrence at or after ``start``, an event boundary): at a line start
+    and followed by the blank line that ends an event; -1 if there is none. Elsewhere those words
+    are text inside a JSON string."""
     while at >= 0:
         end = at + len(_DONE)
-        if (at == start or chunk[at - 1] == 10) and (
-            chunk.startswith(b"\n\n", end) or chunk.startswith(b"\r\n\r\n", end)
-        ):
-            return True
+        if at == start or chunk[at - 1] == 10:
+            if chunk.startswith(b"\n\n", end):
+                return end + 2
+            if chunk.startswith(b"\r\n\r\n", end):
+                return end + 4
         at = chunk.find(_DONE, end)
-    return False
+    return -1
 
 
 def leading_error(event: bytes) -> UpstreamStatusError:

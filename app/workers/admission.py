@@ -13,7 +13,7 @@ The gateway admits a request to a worker only while
 
 When no candidate has room the request waits in a queue of at most ``queue_size`` entries for up
 to ``queue_timeout_s``; a full queue answers 503 at once and a timed-out wait 503 too, both with
-``Retry-After`` (CONTRACTS.md). A request the full queue would serve before its last waiter (a
+``Retry-After`` (docs/contracts.md). A request the full queue would serve before its last waiter (a
 higher class, or another key than the one filling it) takes that waiter's place instead, and the
 waiter gets the 503: one key's burst cannot shut the others out. Every slot freed is granted to
 the waiter the queue serves next (``app.workers.fairqueue``: higher priority classes first, then
@@ -95,17 +95,21 @@ class Admission:
         return ready
 
     def saturation(self, workers: Iterable[Worker]) -> float:
-        """Fleet saturation: requests running or waiting on the routable workers plus this
-        process's admission queue, over the routable workers' caps summed (1.0 = every slot
-        taken; above it, requests queue). With no routable worker: 1.0 if anything waits, else 0.
+        """Fleet saturation, from 0 to 1: requests running or waiting on the routable workers
+        plus this process's admission queue, over the routable workers' caps summed (1.0 = every
+        slot taken, or more demand than slots: requests queue). With no routable worker: 1.0 if
+        anything waits, else 0. Bounded by construction, so no figure a worker reports can push
+        the autoscaling signal out of [0, 1].
         """
         demand, capacity = self._queue.size, 0
         for worker in workers:
             if worker.routable:
                 capacity += self.cap(worker)
-                demand += max(worker.in_flight, worker.load.running + worker.load.waiting)
-        if capacity == 0:
-            return 1.0 if demand else 0.0
+                demand += max(worker.in_flight, worker.load.running + worker.load.waiting, 0)
+        if demand <= 0:
+            return 0.0
+        if demand >= capacity:
+            return 1.0
         return demand / capacity
 
     async def admit(

@@ -46,10 +46,41 @@ def _num(value: object, default: float = 0.0) -> float:
 # plus the bonus token of each verify step (at least 1, at most a draft block and then some); an
 # acceptance rate is a fraction. Anything else would poison the estimates built on them.
 _ACCEPT_LENGTH = (1.0, 64.0)
+# No worker (or its ranks summed) runs, queues or holds more than this many requests or tokens, or
+# generates this many tokens a second; a larger figure is a broken or hostile worker's, and would
+# overflow an int conversion or drive the fleet saturation (the autoscaling signal) to absurd
+# values.
+MAX_COUNT = 1 << 31
+
+
+def _count(value: object) -> int | None:
+    """A count the worker reported: a finite number from 0 to ``MAX_COUNT``, else None."""
+    number = _num(value, -1.0)
+    return int(number) if 0 <= number <= MAX_COUNT else None
+
+
+def _summed(ranks: list[dict[str, object]], field: str) -> int:
+    """``field`` summed over the ranks that report it plausibly; 0 if the sum is not."""
+    total = sum(c for c in (_count(r.get(field)) for r in ranks) if c is not None)
+    return total if total <= MAX_COUNT else 0
+
+
+def _capacity(ranks: list[dict[str, object]], field: str) -> int | None:
+    """A limit summed over the ranks, None (unknown) unless every rank reports a plausible,
+    positive one and their sum is plausible too."""
+    counts = [_count(r.get(field)) for r in ranks]
+    limits = [c for c in counts if c is not None and c > 0]
+    if len(limits) < len(counts) or sum(limits) > MAX_COUNT:
+        return None
+    return sum(limits)
 
 
 def parse_loads(data: object) -> WorkerLoad | None:
-    """SGLang's ``/v1/loads`` document summed over data-parallel ranks (one rank with DFLASH)."""
+    """SGLang's ``/v1/loads`` document summed over data-parallel ranks (one rank with DFLASH).
+
+    Every figure is taken only when finite and plausible, per rank and summed: counts from 0 to
+    ``MAX_COUNT``, token usage a fraction, throughput from 0 to ``MAX_COUNT`` tokens/s; an
+    implausible one counts as not reported (0; a capacity unknown, so the default cap applies)."""
     ranks = data.get("loads") if isinstance(data, dict) else None
     if not isinstance(ranks, list) or not ranks:
         return None
@@ -60,17 +91,17 @@ def parse_loads(data: object) -> WorkerLoad | None:
     low, high = _ACCEPT_LENGTH
     accept = [a for a in (_num(s.get("accept_length")) for s in spec) if low <= a <= high]
     rates = [r for r in (_num(s.get("accept_rate")) for s in spec) if 0 < r <= 1]
-    caps = [int(_num(r.get("max_running_requests"))) for r in ranks]
-    tokens = [int(_num(r.get("max_total_num_tokens"))) for r in ranks]
+    usage = [u for u in (_num(r.get("token_usage")) for r in ranks) if 0 <= u <= 1]
+    gen = sum(t for t in (_num(r.get("gen_throughput")) for r in ranks) if 0 <= t <= MAX_COUNT)
     return WorkerLoad(
-        running=int(sum(_num(r.get("num_running_reqs")) for r in ranks)),
-        waiting=int(sum(_num(r.get("num_waiting_reqs")) for r in ranks)),
-        token_usage=max(_num(r.get("token_usage")) for r in ranks),
-        gen_throughput=sum(_num(r.get("gen_throughput")) for r in ranks),
+        running=_summed(ranks, "num_running_reqs"),
+        waiting=_summed(ranks, "num_waiting_reqs"),
+        token_usage=max(usage, default=0.0),
+        gen_throughput=gen if gen <= MAX_COUNT else 0.0,
         accept_length=sum(accept) / len(accept) if accept else None,
         accept_rate=sum(rates) / len(rates) if rates else None,
-        max_running_requests=sum(caps) if all(c > 0 for c in caps) else None,
-        max_total_num_tokens=sum(tokens) if all(t > 0 for t in tokens) else None,
+        max_running_requests=_capacity(ranks, "max_running_requests"),
+        max_total_num_tokens=_capacity(ranks, "max_total_num_tokens"),
     )
 
 

@@ -1,4 +1,4 @@
-"""Builds the Grafana dashboard from the metric names in CONTRACTS.md.
+"""Builds the Grafana dashboard from the metric names in docs/contracts.md.
 
     python deploy/tools/dashboard.py          # rewrite the chart's file and its copy
     python deploy/tools/dashboard.py --check  # exit 1 if either file differs (tests run this)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -177,7 +178,33 @@ def test_sampling_thinking_user_and_stream() -> None:
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": None}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        (
+            {"messages": [{"role": "system", "content": [{"type": "image"}]}]},
+            "messages.0.content.0",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+            },
+            "context_management",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "output_format": {"type": "x"}},
+            "output_format",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "output_config": {"task": 1}},
+            "output_config",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "thinking": {"type": "adaptive", "display": 1},
+            },
+            "thinking",
+        ),
         ({"messages": [{"role": "user", "content": 3}]}, "messages.0.content"),
         ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content.0"),
         ({"messages": [{"role": "user", "content": "x"}] * 51}, "messages"),
@@ -275,3 +302,120 @@ def test_the_first_dropped_field_is_named() -> None:
     assert translate(body, max_messages=5).dropped is None
     assert translate({**body, "container": "c", "rid": "r"}, max_messages=5).dropped == "container"
     assert translate(body, max_messages=5, count_only=True).dropped == "max_tokens"
+
+
+def test_system_turns_stay_where_the_client_put_them() -> None:
+    """Claude Code's environment block comes as a system-role entry after the user's turn."""
+    out = chat(
+        {
+            "system": "You are an agent.",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Say hello"}]},
+                {
+                    "role": "system",
+                    "content": [
+                        {"type": "text", "text": "# Environment", "cache_control": {"type": "x"}}
+                    ],
+                },
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "system", "content": "  "},  # nothing to say: left out
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+        }
+    )
+    assert out["messages"] == [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Say hello"},
+        {"role": "system", "content": "# Environment"},
+        {"role": "assistant", "content": "Hello!"},
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+        },
+    ]
+
+
+def test_claude_codes_other_fields() -> None:
+    """What Claude Code 2.1 sends besides the conversation: none is a 400, none is lost when it
+    changes the answer."""
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "x"}],
+        "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "tools": [
+            {"name": "Read", "input_schema": {"type": "object"}},
+            {"name": "Later", "input_schema": {"type": "object"}, "defer_loading": True},
+        ],
+    }
+    translated = translate({"model": MODEL, "max_tokens": 100, **body}, max_messages=5)
+    out = translated.chat
+    assert translated.dropped is None and translated.omit_thinking
+    assert out["chat_template_kwargs"] == {"thinking": True}
+    assert out["user"] == body["metadata"]["user_id"]  # one session, one worker
+    assert [t["function"]["name"] for t in out["tools"]] == ["Read", "Later"]
+    assert "response_format" not in out
+    for display in (None, "summarized", "updates"):  # Claude Code asks for updates in -p mode
+        thinking = {"type": "adaptive", "display": display}
+        again = translate(
+            {"model": MODEL, "max_tokens": 9, **body, "thinking": thinking}, max_messages=5
+        )
+        assert not again.omit_thinking and again.chat["chat_template_kwargs"] == {"thinking": True}
+
+
+def test_output_format_becomes_the_workers_json_schema() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    expected = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
+    base = {"messages": [{"role": "user", "content": "x"}]}
+    fmt = {"type": "json_schema", "schema": schema}
+    assert chat({**base, "output_format": fmt})["response_format"] == expected
+    assert chat({**base, "output_config": {"format": fmt}})["response_format"] == expected
+
+
+def test_clear_thinking_keeps_the_last_turns_thinking() -> None:
+    def turn(n: int) -> list[dict[str, Any]]:
+        return [
+            {"role": "user", "content": f"q{n}"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": f"t{n}", "signature": ""},
+                    {"type": "text", "text": f"a{n}"},
+                ],
+            },
+        ]
+
+    messages = [*turn(1), *turn(2), *turn(3), {"role": "user", "content": "q4"}]
+
+    def kept(keep: Any) -> list[str]:
+        edit: dict[str, Any] = {"type": "clear_thinking_20251015"}
+        if keep is not None:
+            edit["keep"] = keep
+        out = chat({"messages": messages, "context_management": {"edits": [edit]}})
+        return [m["reasoning_content"] for m in out["messages"] if "reasoning_content" in m]
+
+    assert kept("all") == ["t1", "t2", "t3"]
+    assert kept(None) == ["t3"]  # Anthropic's default: the last turn's
+    assert kept({"type": "thinking_turns", "value": 2}) == ["t2", "t3"]
+    assert kept({"type": "thinking_turns", "value": 0}) == []
+
+
+def test_an_unsupported_context_edit_is_refused_as_claude_code_understands() -> None:
+    """Claude Code stops sending ``clear_tool_uses`` to a model whose API refuses it with this
+    wording (its own check, on the error's message)."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "x"}],
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+    }
+    with pytest.raises(InvalidRequest) as refused:
+        translate(body, max_messages=5)
+    assert re.search(r"clear_tool_uses_20250919\W? context management strategy", str(refused.value))

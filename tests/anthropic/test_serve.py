@@ -39,7 +39,8 @@ async def test_the_worker_gets_a_chat_request_without_the_client_credentials() -
             "container": "dropped",
         }
         ex = await gw.post("/v1/messages", body, headers={**AUTH, "anthropic-beta": "b"})
-        metrics = (await gw.request("GET", "/metrics")).body.decode()
+        ops = {"authorization": f"Bearer {KEY}"}  # keys are configured: /metrics needs one
+        metrics = (await gw.request("GET", "/metrics", headers=ops)).body.decode()
     assert ex.status == 200 and ex.body.endswith(b'data: {"type":"message_stop"}\n\n')
     sent = worker.requests[0]
     assert len(sent.pop("rid")) == 32

@@ -140,3 +140,16 @@ def test_error_after_the_commit_point_is_an_error_event() -> None:
 def test_accept_length_exposed_when_enabled() -> None:
     got = events(MessagesStream("kimi", expose=True).feed(worker_stream()))
     assert got[-2][1]["usage"]["spec_accept_length"] == 2.25  # 9 tokens / 4 steps
+
+
+def test_omitted_thinking_keeps_the_block_without_its_text() -> None:
+    """``thinking.display: "omitted"`` (Claude Code's default): the thinking block is there,
+    empty; the answer's text is whole."""
+    got = events(MessagesStream("kimi", omit_thinking=True).feed(worker_stream()))
+    starts = [data["content_block"]["type"] for name, data in got if name == "content_block_start"]
+    deltas = [data["delta"] for name, data in got if name == "content_block_delta"]
+    assert starts == ["thinking", "text"]
+    assert deltas == [
+        {"type": "text_delta", "text": "Hello"},
+        {"type": "text_delta", "text": " world"},
+    ]

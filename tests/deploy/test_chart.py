@@ -140,16 +140,16 @@ def test_every_value_is_documented() -> None:
     assert undocumented == []
 
 
-def test_readme_install_command_renders(tmp_path: Path) -> None:
-    """The `helm install` command in README's Deploy section renders with this chart."""
+def test_documented_install_command_renders(tmp_path: Path) -> None:
+    """The `helm install` command in docs/deploy.md renders with this chart."""
     import re
     import shlex
 
     from tests.deploy.conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"^helm install (.*?[^\\])$", readme, re.M | re.S)
-    assert match, "no helm install command in README.md"
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    match = re.search(r"^helm install (.*?[^\\])$", deploy, re.M | re.S)
+    assert match, "no helm install command in docs/deploy.md"
     words = shlex.split(match.group(1).replace("\\\n", " "))
     release, chart, *args = words
     assert (ROOT / chart).resolve() == CHART

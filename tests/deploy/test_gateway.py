@@ -259,7 +259,13 @@ def test_network_policies_let_only_the_gateway_reach_workers(
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     } in rule["from"]
     gateway_np = policies["ci-dflash-gateway"]["spec"]
-    [rule] = gateway_np["ingress"]
+    rule, metrics_rule = gateway_np["ingress"]
+    assert metrics_rule == {  # the metrics port (the ServiceMonitor is on): scrapers only
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+        "from": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+    }
     peers = rule["from"]
     assert any(
         "podSelector" in p and _selects(p["podSelector"]["matchLabels"], test_labels) for p in peers

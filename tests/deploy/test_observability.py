@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, ROOT, Manifests
+from tests.deploy.conftest import CHART, ROOT, Manifests, container
 
 DASHBOARD = CHART / "files" / "dflash-gateway.json"
 RULES = CHART / "files" / "rules.yaml"
@@ -55,7 +55,9 @@ def test_service_monitors_scrape_gateway_and_workers(render: Callable[..., Manif
     m = render("four-workers-custom")
     monitors = {s["metadata"]["name"]: s for s in m.all("ServiceMonitor")}
     for name, svc_name in [
-        ("ci-dflash-gateway", "ci-dflash-gateway"),
+        # The gateway's metrics port, scraped without a key (the API port's /metrics needs one
+        # when client keys are configured).
+        ("ci-dflash-gateway", "ci-dflash-gateway-metrics"),
         ("ci-dflash-gateway-worker", "ci-dflash-gateway-worker"),
     ]:
         mon = monitors[name]["spec"]
@@ -72,6 +74,15 @@ def test_service_monitors_scrape_gateway_and_workers(render: Callable[..., Manif
         assert endpoint["path"] == "/metrics"
         assert endpoint["port"] in [p["name"] for p in svc["spec"]["ports"]]
         assert mon["namespaceSelector"] == {"matchNames": ["dflash"]}
+    metrics_svc = m.one("Service", "ci-dflash-gateway-metrics")
+    assert metrics_svc["spec"]["type"] == "ClusterIP"  # never on the public Service
+    [port] = metrics_svc["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9100, "metrics")
+    assert m.gateway_settings()["metrics_port"] == 9100
+    ports = {p["name"]: p["containerPort"] for p in container(m.gateway, "gateway")["ports"]}
+    assert ports == {"http": 8000, "metrics": 9100}
+    public = m.one("Service", "ci-dflash-gateway")
+    assert [p["name"] for p in public["spec"]["ports"]] == ["http"]
 
 
 def _exprs(node: Any) -> list[str]:

@@ -76,7 +76,7 @@ def test_the_collapsed_worker_is_flagged_and_with_deweighting_avoided(
 
 def test_fleet_saturation_counts_running_and_queued_requests(procs: ProcessManager) -> None:
     """Two workers capped at one request each by the gateway, three streams held open: two run,
-    one waits in the admission queue, so the fleet is at 3/2 of its capacity."""
+    one waits in the admission queue: the fleet is saturated (1.0, the most the signal says)."""
     emus = [emulator(procs, f"emu-{i}", "--speed", "50") for i in range(2)]
     env = {"DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "1"}
     gw = gateway(procs, emus, env=env)
@@ -96,8 +96,8 @@ def test_fleet_saturation_counts_running_and_queued_requests(procs: ProcessManag
     try:
         with httpx.Client(base_url=gw.url, timeout=5) as client:
             poll(lambda: client.get("/workers").json()["queued"] == 1, timeout=20)
-            assert client.get("/workers").json()["saturation"] == 1.5
-            assert "dflash_gateway_fleet_saturation 1.5" in client.get("/metrics").text
+            assert client.get("/workers").json()["saturation"] == 1.0  # every slot taken
+            assert "dflash_gateway_fleet_saturation 1.0" in client.get("/metrics").text
     finally:
         for emu in emus:
             httpx.post(emu.url + "/emulator/gate", json={"release": True}, timeout=5)

@@ -14,17 +14,17 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.conftest import gateway
+from tests.e2e.conftest import gateway, poll
 from tests.support.procs import ManagedProcess, ProcessManager
 
 MODEL = "moonshotai/Kimi-K2.5"
 CHAT = "/v1/chat/completions"
 
 
-def completion(text: str, usage: dict[str, int] | None = None) -> bytes:
+def completion(text: str, usage: dict[str, int] | None = None, *, rid: str = "cmpl-1") -> bytes:
     return orjson.dumps(
         {
-            "id": "cmpl-1",
+            "id": rid,  # SGLang answers with the request's rid as the id
             "object": "chat.completion",
             "model": MODEL,
             "choices": [
@@ -50,10 +50,10 @@ def response(
     )
 
 
-def sse_event(text: str) -> bytes:
+def sse_event(text: str, rid: str = "c") -> bytes:
     delta = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
     return (
-        b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", **delta}) + b"\n\n"
+        b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", **delta}) + b"\n\n"
     )
 
 
@@ -64,6 +64,30 @@ def stream(*events: bytes) -> bytes:
     return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
 
 
+def open_stream(*events: bytes) -> bytes:
+    """A stream's head and events with no end of its body: the connection stays open."""
+    return stream(*events)[: -len(b"0\r\n\r\n")]
+
+
+def chunk_of(rid: str, **fields: Any) -> bytes:
+    return (
+        b"data: " + orjson.dumps({"id": rid, "object": "chat.completion.chunk", **fields}) + b"\n\n"
+    )
+
+
+def tool_chunk(rid: str, function: Any) -> bytes:
+    call = {"index": 0, "id": "functions.f:0", "type": "function", "function": function}
+    delta = {"tool_calls": [call]}
+    return chunk_of(rid, choices=[{"index": 0, "delta": delta, "finish_reason": None}])
+
+
+def _split(answer: bytes, at: bytes) -> tuple[bytes, bytes]:
+    """``answer`` in two writes, the second from the chunk that holds ``at``."""
+    cut = answer.rfind(b"\r\n", 0, answer.index(at) - 2) + 2
+    return answer[:cut], answer[cut:]
+
+
+DONE = b"data: [DONE]\n\n"
 STRAY = response(completion("a stray answer nobody asked for"))
 SGLANG_TOO_LONG = (
     b'{"object":"error","message":"The input (9000 tokens) is longer than the model\'s context '
@@ -78,34 +102,53 @@ HUGE = b'"usage":{"prompt_tokens":1%s,"completion_tokens":%d,"total_tokens":1}' 
 )
 
 # The worker's answer to a completion whose text is "<scenario> <tag>".
-SCENARIOS: dict[str, Callable[[str], bytes]] = {
-    "ok": lambda tag: response(completion(tag)),
-    "stray": lambda tag: response(completion(tag)) + STRAY,
-    "upgrade": lambda tag: (
+SCENARIOS: dict[str, Callable[[str, str], bytes | tuple[bytes, ...]]] = {
+    "ok": lambda tag, rid: response(completion(tag, rid=rid)),
+    "stray": lambda tag, rid: response(completion(tag, rid=rid)) + STRAY,
+    "upgrade": lambda tag, rid: (
         b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
     ),
-    "bighead": lambda tag: (
+    "bighead": lambda tag, rid: (
         b"HTTP/1.1 200 OK\r\nx-big: "
         + b"a" * (1024 * 1024)
         + b"\r\n"
-        + response(completion(tag))[17:]
+        + response(completion(tag, rid=rid))[17:]
     ),
-    "short": lambda tag: (
+    "short": lambda tag, rid: (
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
-        + completion(tag)
+        + completion(tag, rid=rid)
     ),
-    "html": lambda tag: response(completion(tag), content_type=b"text/html"),
-    "notjson": lambda tag: response(
+    "html": lambda tag, rid: response(completion(tag, rid=rid), content_type=b"text/html"),
+    "notjson": lambda tag, rid: response(
         b"<html>" + tag.encode() + b"</html>", content_type=b"text/html"
     ),
-    "toolong": lambda tag: response(SGLANG_TOO_LONG, status=b"400 Bad Request"),
+    "toolong": lambda tag, rid: response(SGLANG_TOO_LONG, status=b"400 Bad Request"),
     # Over the gateway's limits.max_response_bytes (1 MiB in this module).
-    "huge": lambda tag: response(b'{"pad":"' + b"a" * (2 * 1024 * 1024) + b'"}'),
-    "done-in-text": lambda tag: stream(sse_event(tag), sse_event("data: [DONE]")),
-    "negative": lambda tag: response(completion(tag, NEGATIVE)),
-    "hugecount": lambda tag: response(completion(tag).split(b'"usage":')[0] + HUGE + b"}"),
-    "negative-stream": lambda tag: stream(
-        sse_event(tag),
+    "huge": lambda tag, rid: response(b'{"pad":"' + b"a" * (2 * 1024 * 1024) + b'"}'),
+    "done-in-text": lambda tag, rid: stream(sse_event(tag, rid), sse_event("data: [DONE]", rid)),
+    "negative": lambda tag, rid: response(completion(tag, NEGATIVE, rid=rid)),
+    "hugecount": lambda tag, rid: response(
+        completion(tag, rid=rid).split(b'"usage":')[0] + HUGE + b"}"
+    ),
+    # Data after [DONE] (then the worker keeps the response open), or [DONE] and silence.
+    "after-done": lambda tag, rid: open_stream(
+        sse_event(tag, rid), DONE, sse_event("INJECTED", rid), chunk_of(rid, choices="x")
+    ),
+    "after-done-later": lambda tag, rid: _split(
+        open_stream(sse_event(tag, rid), DONE, sse_event("INJECTED", rid)),
+        sse_event("INJECTED", rid),
+    ),
+    "done-silent": lambda tag, rid: open_stream(sse_event(tag, rid), DONE),
+    # Chunks without the chat chunk's shape: first, or after the commit point.
+    "bad-choices": lambda tag, rid: stream(chunk_of(rid, choices="x"), DONE),
+    "bad-function": lambda tag, rid: _split(
+        stream(sse_event(tag, rid), tool_chunk(rid, "zz"), DONE), tool_chunk(rid, "zz")
+    ),
+    "bad-message": lambda tag, rid: response(
+        orjson.dumps({"id": rid, "object": "chat.completion", "choices": ["x"]})
+    ),
+    "negative-stream": lambda tag, rid: stream(
+        sse_event(tag, rid),
         b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": NEGATIVE}) + b"\n\n",
         b"data: [DONE]\n\n",
     ),
@@ -155,22 +198,27 @@ class FakeWorker:
                     if name.strip().lower() == b"content-length":
                         length = int(value)
                 body = await reader.readexactly(length)
-                writer.write(self._answer(head.split(b" ")[1].decode(), body))
-                await writer.drain()
+                answer = self._answer(head.split(b" ")[1].decode(), body)
+                for i, part in enumerate([answer] if isinstance(answer, bytes) else answer):
+                    if i:  # a later part: in a later read of the gateway's
+                        await asyncio.sleep(0.05)
+                    writer.write(part)
+                    await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
-    def _answer(self, path: str, body: bytes) -> bytes:
+    def _answer(self, path: str, body: bytes) -> bytes | tuple[bytes, ...]:
         if path == "/v1/models":
             return response(
                 orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
             )
         if path == CHAT:
-            text = orjson.loads(body)["messages"][-1]["content"]
+            request = orjson.loads(body)
+            text = request["messages"][-1]["content"]
             scenario, _, tag = text.partition(" ")
-            return SCENARIOS[scenario](tag)
+            return SCENARIOS[scenario](tag, request["rid"])
         return response(b"{}")  # /health, /v1/loads, /abort_request
 
 
@@ -287,3 +335,91 @@ def test_token_counts_no_request_can_have_are_not_counted(
     assert token_totals(gw) == before  # no counter went backwards (nor forwards)
     assert "Traceback" not in gw.logs()
     assert ask(gw, "ok B").status_code == 200
+
+
+def metric(gw: ManagedProcess, name: str, *labels: str) -> float:
+    total = 0.0
+    for line in httpx.get(gw.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and all(label in line for label in labels):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def data_events(text: str) -> list[str]:
+    return [e[len("data: ") :] for e in text.split("\n\n") if e.startswith("data: ")]
+
+
+@pytest.mark.parametrize("scenario", ["after-done", "after-done-later", "done-silent"])
+def test_a_stream_ends_at_done_whatever_the_worker_sends_after_it(
+    gw: ManagedProcess, scenario: str
+) -> None:
+    """Nothing after [DONE] is relayed, and the client's stream ends there at once (the worker
+    keeps its response open: the gateway does not wait for it); data after it is counted, the
+    worker is not blamed and the connection not reused."""
+    after = "dflash_gateway_upstream_violations_total"
+    before = metric(gw, after, 'kind="data_after_done"')
+    broken = metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="ok"')
+    answer = ask(gw, f"{scenario} A", stream=True)
+    assert answer.status_code == 200
+    events = data_events(answer.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert "INJECTED" not in answer.text and "error" not in answer.text
+    assert [orjson.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["A"]
+    counted = metric(gw, after, 'kind="data_after_done"') - before
+    if scenario == "after-done-later":  # it comes after the client's stream ended
+        poll(lambda: metric(gw, after, 'kind="data_after_done"') - before == 1)
+    else:
+        assert counted == (1 if scenario == "after-done" else 0)
+    assert metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="ok"') == broken + 1
+    assert content_of(ask(gw, "ok B")) == "B"  # its connection was not reused
+
+
+def ask_messages(gw: ManagedProcess, text: str, **extra: Any) -> httpx.Response:
+    body = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": text}]}
+    return httpx.post(gw.url + "/v1/messages", json=body | extra, timeout=30)
+
+
+def test_a_messages_stream_ends_at_message_stop(gw: ManagedProcess) -> None:
+    answer = ask_messages(gw, "after-done A", stream=True)
+    assert answer.status_code == 200
+    names = [e.split("\n", 1)[0] for e in answer.text.split("\n\n") if e]
+    assert names[-1] == "event: message_stop" and names.count("event: message_stop") == 1
+    assert "INJECTED" not in answer.text and "event: error" not in answer.text
+
+
+@pytest.mark.parametrize("scenario", ["bad-choices", "bad-message"])
+def test_a_malformed_worker_answer_on_the_messages_route_is_a_502(
+    gw: ManagedProcess, scenario: str
+) -> None:
+    """Before the first event: a broken worker's answer, retried (no other worker here: 502),
+    its breaker told; never a 500."""
+    failed = metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="broken"')
+    answer = ask_messages(gw, f"{scenario} A", stream=scenario == "bad-choices")
+    assert answer.status_code == 502, answer.text
+    assert answer.json() == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "a worker sent an invalid response"},
+    }
+    assert metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="broken"') == failed + 1
+    assert "Traceback" not in gw.logs()
+
+
+def test_a_malformed_chunk_after_the_first_is_an_in_band_error(gw: ManagedProcess) -> None:
+    failed = metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="broken"')
+    answer = ask_messages(gw, "bad-function A", stream=True)
+    assert answer.status_code == 200
+    last = [e for e in answer.text.split("\n\n") if e][-1]
+    assert last.startswith("event: error\n")
+    assert orjson.loads(last.split("data: ", 1)[1])["error"]["type"] == "api_error"
+    assert metric(gw, "dflash_gateway_upstream_attempts_total", 'outcome="broken"') == failed + 1
+    assert "Traceback" not in gw.logs()
+
+
+def test_a_model_name_cannot_forge_an_access_line(gw: ManagedProcess) -> None:
+    forged = "2026-12-04 17:00:00,000 INFO dflash_gateway.access: request request_id=forged"
+    for control in ("\n", "\r\n", "\u2028"):
+        body = {"model": f"nope{control}{forged}", "messages": [{"role": "user", "content": "x"}]}
+        answer = httpx.post(gw.url + CHAT, json=body, timeout=30)
+        assert answer.status_code == 404
+    poll(lambda: "nope\\x0a2026" in gw.logs())
+    assert not [line for line in gw.logs().splitlines() if line.startswith(forged[:23])]

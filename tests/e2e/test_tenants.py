@@ -54,7 +54,8 @@ class Stack:
         return {r["request_id"] for r in records}
 
     def queued(self) -> int:
-        return int(httpx.get(self.gw.url + "/workers", timeout=5).json()["queued"])
+        ops = {"authorization": f"Bearer {ALPHA}"}  # keys are configured: /workers needs one
+        return int(httpx.get(self.gw.url + "/workers", headers=ops, timeout=5).json()["queued"])
 
     def running(self) -> int:
         loads = httpx.get(self.emu.url + "/v1/loads", timeout=5).json()["loads"]

@@ -30,6 +30,7 @@ from tests.e2e.conftest import emulator
 from tests.support.procs import PYTHON, ManagedProcess, ProcessManager, managed_processes
 
 KEYS = {"team-a": "team-a-secret-0123456789", "team-b": "team-b-secret-0123456789"}
+OPS = {"authorization": f"Bearer {KEYS['team-b']}"}  # keys are configured: /metrics needs one
 UNKNOWN = "not-a-configured-key-0123"
 MODEL = "kimi-k2.5"
 
@@ -162,7 +163,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         path = tmp / "usage.jsonl"
         gw = start_gateway(procs, emu, tmp, path)
         sent = traffic(gw.url)
-        metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+        metrics = httpx.get(gw.url + "/metrics", headers=OPS, timeout=10).text
         code = terminate(gw)
         yield Run(sent, metrics, read_lines(path), code)
 
@@ -234,7 +235,7 @@ def test_a_stuck_disk_drops_and_counts_and_what_is_queued_is_written_at_sigterm(
     with httpx.Client(timeout=60) as client:
         sent = [send(client, gw.url, "team-a", stream=i % 2 == 1) for i in range(12)]
     assert [s.status for s in sent] == [200] * 12
-    metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    metrics = httpx.get(gw.url + "/metrics", headers=OPS, timeout=10).text
     dropped = _plain(metrics, "dflash_gateway_usage_log_dropped_lines_total")
     assert dropped >= 4  # at most one batch taken and 4 waiting
 

@@ -63,3 +63,20 @@ def test_count_tokens_counts_the_chat_prompt(emu: ManagedProcess) -> None:
     assert bad.status_code == 400
     assert bad.json()["type"] == "error"
     assert bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_only_the_users_own_words_call_a_tool(emu: ManagedProcess) -> None:
+    """A tool named in a client's tagged context (Claude Code's system reminders, Codex's
+    environment context) or inside another word is not a request to call it."""
+    reminder = "<system-reminder>\nAvailable: lookup_capital, Agent.\n</system-reminder>\n"
+    context = '<environment_context cwd="/x">lookup_capital</environment_context>'
+    for content in (
+        [{"type": "text", "text": reminder}, {"type": "text", "text": "Say hello"}],
+        context + "\nSay hello",
+        "What do lookup_capitals return?",
+    ):
+        out = chat(emu, [{"role": "user", "content": content}])
+        assert out["finish_reason"] == "stop" and not out["message"].get("tool_calls"), content
+    own = chat(emu, [{"role": "user", "content": reminder + "Use lookup_capital for Peru."}])
+    assert own["finish_reason"] == "tool_calls"
+    assert own["message"]["tool_calls"][0]["function"]["name"] == "lookup_capital"

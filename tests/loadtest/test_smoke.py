@@ -119,10 +119,12 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     lines = result.stdout.splitlines()
     for scenario in ("stream_saturation", "stream_paced", "stream_fanin", "non_stream"):
         targets = {line.split()[1] for line in lines if line.split()[:1] == [scenario]}
-        messages = {"gateway-messages"} if scenario.startswith("stream") else set()
-        assert targets == {"direct", "dflash-gateway", *messages}
-        ratio = [line for line in lines if line.startswith(f"{scenario}: /v1/messages CPU")]
-        assert len(ratio) == (1 if messages else 0)
+        streamed = scenario.startswith("stream")
+        surfaces = {"gateway-messages", "gateway-responses"} if streamed else set()
+        assert targets == {"direct", "dflash-gateway", *surfaces}
+        for path in ("/v1/messages", "/v1/responses"):
+            ratio = [line for line in lines if line.startswith(f"{scenario}: {path} CPU")]
+            assert len(ratio) == (1 if streamed else 0)
     data = json.loads((tmp_path / "overhead.json").read_text())
     assert all(m["failed"] == 0 for m in data)
     assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")

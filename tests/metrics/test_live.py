@@ -33,7 +33,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.procs import PYTHON, ManagedProcess, managed_processes
+from tests.support.procs import PYTHON, ManagedProcess, free_port, managed_processes
 from tests.support.prometheus import Prometheus, start_prometheus
 from tests.support.tools import require_tool
 
@@ -76,6 +76,7 @@ class Live:
     truth: dict[str, dict[str, Any]] = field(default_factory=dict)  # rid -> emulator record
     client_completion_tokens: int = 0
     started: float = 0.0
+    metrics_url: str = ""  # the gateway's metrics port (Prometheus's; the API port's needs a key)
 
     def results(self, profile: str, stream: bool) -> list[Result]:
         phase = next(p for p in self.phases if p.profile == profile)
@@ -183,12 +184,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         argv = [PYTHON, "-m", "app", "serve", "--port", "{port}", "--api-key", f"{KEY}:{SECRET}"]
         for emu in emus:
             argv += ["--worker-url", emu.url]
+        metrics_port = free_port()
         gw = manager.start(
             argv,
             name="gateway",
             ready_path="/readyz",
             ready_status=200,
             env={
+                # As deployed: Prometheus scrapes the metrics port, open to it while the API
+                # port's /metrics needs a client key (keys are configured).
+                "DFLASH_GATEWAY_METRICS_PORT": str(metrics_port),
                 "DFLASH_GATEWAY_HEALTH__INTERVAL_S": "0.3",
                 "DFLASH_GATEWAY_HEALTH__LOADS_INTERVAL_S": "0.5",
                 "DFLASH_GATEWAY_EXPOSE_ACCEPT_LENGTH": "true",
@@ -196,7 +201,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             },
         )
         targets: dict[str, Sequence[str]] = {
-            "dflash-gateway": [f"127.0.0.1:{gw.port}"],
+            "dflash-gateway": [f"127.0.0.1:{metrics_port}"],
             "sglang-workers": [f"127.0.0.1:{e.port}" for e in emus],
         }
         prom = start_prometheus(manager, targets, rule_files=[str(RULES)])
@@ -204,7 +209,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         for job, hosts in targets.items():  # all of a job's targets, not the first one up
             assert prom.wait_for(f'count(up{{job="{job}"}} == 1) == {len(hosts)}'), job
         assert prom.wait_for("dflash_gateway_completion_tokens_total")
-        live = Live(gw, emus, prom, started=time.time())
+        live = Live(
+            gw, emus, prom, started=time.time(), metrics_url=f"http://127.0.0.1:{metrics_port}"
+        )
         rng = random.Random(20261202)
         seen = 0
         for profile in PROFILES:
@@ -296,7 +303,7 @@ def test_fleet_ratio_within_2_percent_of_the_token_weighted_truth(live: Live) ->
 
 
 def test_completion_tokens_total_is_what_the_clients_saw(live: Live) -> None:
-    metrics = httpx.get(live.gw.url + "/metrics", timeout=10).text
+    metrics = httpx.get(live.metrics_url + "/metrics", timeout=10).text
     total = sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
@@ -408,7 +415,7 @@ def test_every_recording_rule_returns_data(live: Live) -> None:
 
 
 def test_promtool_check_metrics_is_clean(promtool: str, live: Live) -> None:
-    metrics = httpx.get(live.gw.url + "/metrics", timeout=10).text
+    metrics = httpx.get(live.metrics_url + "/metrics", timeout=10).text
     done = subprocess.run(
         [promtool, "check", "metrics"], input=metrics, capture_output=True, text=True
     )

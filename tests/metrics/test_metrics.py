@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.metrics import INTER_CHUNK_BUCKETS, MAX_MODELS, Metrics, TokenWindow, observe_gaps
+from app.surfaces import ROUTES
 from app.upstream.sse import SSEObserver
 from app.workers.worker import WorkerLoad
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, chat_chunks, sse
@@ -164,7 +165,7 @@ def test_token_window_is_tokens_per_second_over_the_window() -> None:
 
 
 def test_model_labels_are_bounded() -> None:
-    metrics = Metrics(models=[MODEL])
+    metrics = Metrics(models=[MODEL], routes=ROUTES)
     for i in range(MAX_MODELS * 3):
         metrics.record_request("/v1/chat/completions", f"model-{i}", 200)
     text = metrics.render().decode()
@@ -207,6 +208,7 @@ async def test_worker_gauges_come_from_the_pool_when_scraped() -> None:
     left = {name for name, lbls in series(third) if ("worker", workers[1].name) in lbls}
     assert left == {
         "dflash_gateway_upstream_attempts_total",
+        "dflash_gateway_upstream_violations_total",
         "dflash_gateway_prompt_tokens_total",
         "dflash_gateway_completion_tokens_total",
         "dflash_gateway_reasoning_tokens_total",

@@ -70,9 +70,9 @@ class VerdictLog(CircuitBreaker):
         super().on_released()
 
 
-def _event(i: int) -> bytes:
+def _event(i: int, rid: str) -> bytes:
     chunk = {
-        "id": "x",
+        "id": rid,  # SGLang's chunk id is the request's rid
         "object": "chat.completion.chunk",
         "model": MODEL,
         "choices": [{"index": 0, "delta": {"content": f"t{i}"}, "finish_reason": None}],
@@ -152,12 +152,13 @@ class RawWorker:
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
         )
-        writer.write(_chunked(_event(0)) + _chunked(_event(1)))
+        rid = self.rids[-1]
+        writer.write(_chunked(_event(0, rid)) + _chunked(_event(1, rid)))
         if self.mode == "hold":
             await reader.read()
             self.hung_up.set()
             return False
-        writer.write(_chunked(_event(2) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        writer.write(_chunked(_event(2, rid) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True
 
 

@@ -12,7 +12,7 @@ import httpx
 
 from tests.e2e.conftest import poll
 from tests.security.stack import CHAT, chat, emulator, error_of, start_gateway
-from tests.support.procs import PYTHON, ProcessManager
+from tests.support.procs import PYTHON, ProcessManager, free_port
 
 CLI_KEY = "sk-cli-5f1c0e2b9a7d4c3e8b6a"
 ENV_KEY = "sk-env-0d9e8c7b6a5f4e3d2c1b"
@@ -56,9 +56,13 @@ def test_keys_from_every_source_and_revocation(procs: ProcessManager, tmp_path: 
     assert basic.status_code == 401
     assert httpx.get(gw.url + "/v1/models").status_code == 401
 
-    # Probes and the scrape endpoint need no key (auth.protect_ops is off).
-    for path in ("/livez", "/readyz", "/health", "/metrics", "/workers"):
+    # Probes need no key; /metrics and /workers (worker URLs, key names) need one by default.
+    ops = {"authorization": f"Bearer {CLI_KEY}"}
+    for path in ("/livez", "/readyz", "/health"):
         assert httpx.get(gw.url + path).status_code == 200, path
+    for path in ("/metrics", "/workers"):
+        assert httpx.get(gw.url + path).status_code == 401, path
+        assert httpx.get(gw.url + path, headers=ops).status_code == 200, path
 
     # Revoking a key in the file: it stops working without a restart; the others keep working.
     keys_file.write_text(f"team-keep:{KEEP_KEY}\n")
@@ -67,7 +71,7 @@ def test_keys_from_every_source_and_revocation(procs: ProcessManager, tmp_path: 
     assert _post(gw.url, KEEP_KEY).status_code == 200
     assert _post(gw.url, CLI_KEY).status_code == 200
 
-    metrics = httpx.get(gw.url + "/metrics").text
+    metrics = httpx.get(gw.url + "/metrics", headers=ops).text
     assert 'dflash_gateway_key_requests_total{key="team-cli"} 2.0' in metrics
     assert 'dflash_gateway_key_requests_total{key="team-keep"} 1.0' in metrics
     tokens = [
@@ -85,35 +89,56 @@ def test_keys_from_every_source_and_revocation(procs: ProcessManager, tmp_path: 
     for secret in (CLI_KEY, ENV_KEY, FILE_KEY, KEEP_KEY, "sk-wrong"):
         assert secret not in logs
         assert secret not in metrics
-    workers = httpx.get(gw.url + "/workers").text
+    workers = httpx.get(gw.url + "/workers", headers=ops).text
     assert all(secret not in workers for secret in (CLI_KEY, ENV_KEY, FILE_KEY, KEEP_KEY))
 
 
-def test_protect_ops_requires_a_key_on_metrics_and_workers(procs: ProcessManager) -> None:
+def test_with_keys_metrics_and_workers_need_one_by_default(procs: ProcessManager) -> None:
+    """/workers shows the workers' URLs and /metrics the key names: with keys configured they
+    need a key unless auth.protect_ops is false. The metrics port stays Prometheus's: open."""
     emu = emulator(procs, "emu", "--speed", "50")
+    metrics_port = free_port()
     gw = start_gateway(
         procs,
         [emu],
         env={
             "DFLASH_GATEWAY_API_KEYS": f"ops:{ENV_KEY}, team-b:{KEEP_KEY}",
-            "DFLASH_GATEWAY_AUTH__PROTECT_OPS": "true",
+            "DFLASH_GATEWAY_METRICS_PORT": str(metrics_port),
         },
     )
     assert _post(gw.url, KEEP_KEY).status_code == 200
     assert _post(gw.url, CLI_KEY).status_code == 401
     auth = {"authorization": f"Bearer {ENV_KEY}"}
-    for path in ("/metrics", "/workers"):
-        response = httpx.get(gw.url + path)
-        assert response.status_code == 401
-        assert error_of(response)["code"] == "invalid_api_key"
-        assert httpx.get(gw.url + path, headers=auth).status_code == 200
+    response = httpx.get(gw.url + "/workers")
+    assert response.status_code == 401
+    assert error_of(response)["code"] == "invalid_api_key"
+    assert emu.url not in response.text
+    workers = httpx.get(gw.url + "/workers", headers=auth)
+    assert workers.status_code == 200 and emu.url in workers.text
     for path in ("/livez", "/readyz", "/health"):  # probes carry no credentials
         assert httpx.get(gw.url + path).status_code == 200
-    metrics = httpx.get(gw.url + "/metrics", headers=auth).text
+    # /metrics is on the metrics port (404 on the API port, whatever the key), open to scrapers.
+    assert httpx.get(gw.url + "/metrics", headers=auth).status_code == 404
+    metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
     assert 'dflash_gateway_key_requests_total{key="team-b"} 1.0' in metrics
     assert 'dflash_gateway_key_requests_total{key="ops"} 0.0' in metrics  # pre-initialised
     assert ENV_KEY not in metrics and KEEP_KEY not in metrics
     assert ENV_KEY not in gw.logs() and KEEP_KEY not in gw.logs()
+
+
+def test_protect_ops_false_opens_metrics_and_workers(procs: ProcessManager) -> None:
+    emu = emulator(procs, "emu", "--speed", "50")
+    gw = start_gateway(
+        procs,
+        [emu],
+        env={
+            "DFLASH_GATEWAY_API_KEYS": f"ops:{ENV_KEY}",
+            "DFLASH_GATEWAY_AUTH__PROTECT_OPS": "false",
+        },
+    )
+    assert _post(gw.url, None).status_code == 401  # the API itself still needs a key
+    for path in ("/metrics", "/workers"):
+        assert httpx.get(gw.url + path).status_code == 200, path
 
 
 def test_no_keys_is_open_with_a_warning(procs: ProcessManager) -> None:

@@ -92,7 +92,8 @@ def _access_lines(gw: ManagedProcess, request_id: str) -> list[dict[str, Any]]:
 
 
 def _requests_total(gw: ManagedProcess, **labels: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    ops = {"authorization": f"Bearer {KEY}"}  # keys are configured: /metrics needs one
+    text = httpx.get(gw.url + "/metrics", headers=ops, timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith("dflash_gateway_requests_total{") and all(
@@ -260,6 +261,40 @@ def test_answers_outside_the_completion_routes_are_logged(edge: ManagedProcess) 
         (line,) = poll(lambda rid=request_id: _access_lines(edge, rid))
         assert line["status"] == status
         assert line["route"] == (path if path != "/v1/nothing" else "other")
+
+
+def test_an_unmatched_route_is_logged_with_its_method_and_path(edge: ManagedProcess) -> None:
+    """An operator sees which endpoint a client wanted: the method and the path as sent, with
+    what could forge or garble a log line escaped and the length capped."""
+    long_path = "/v1/" + "x" * 400
+    response = httpx.request(
+        "PUT", edge.url + long_path, headers={"x-request-id": "edge-unmatched-long"}, timeout=10
+    )
+    assert response.status_code == 404
+    (line,) = poll(lambda: _access_lines(edge, "edge-unmatched-long"))
+    assert (line["route"], line["method"]) == ("other", "PUT")
+    assert len(line["path"]) == 200 and line["path"] == long_path[:197] + "..."
+
+    with _connect(edge) as sock:  # bytes no client library would send
+        sock.sendall(
+            b'DELETE /a"b\\c%0A HTTP/1.1\r\nHost: x\r\n'
+            b"X-Request-Id: edge-unmatched-raw\r\nConnection: close\r\n\r\n"
+        )
+        assert _read_all(sock).startswith(b"HTTP/1.1 404 ")
+    (line,) = poll(lambda: _access_lines(edge, "edge-unmatched-raw"))
+    assert (line["route"], line["method"]) == ("other", "DELETE")
+    assert line["path"] == "/a\\x22b\\x5cc%0A"  # as sent, not decoded: no newline
+
+
+def test_probes_of_coding_agents_are_answered(edge: ManagedProcess) -> None:
+    """Claude Code sends ``HEAD /`` or ``HEAD /api/hello`` before its first request."""
+    for path in ("/", "/api/hello"):
+        request_id = f"edge-probe-{len(path)}"
+        response = httpx.head(edge.url + path, headers={"x-request-id": request_id}, timeout=10)
+        assert response.status_code == 200
+        (line,) = poll(lambda rid=request_id: _access_lines(edge, rid))
+        assert (line["route"], line["status"], line["outcome"]) == (path, 200, "ok")
+        assert "path" not in line
 
 
 def test_a_timed_out_request_is_logged_with_its_route(

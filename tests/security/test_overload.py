@@ -80,7 +80,7 @@ def test_per_key_rate_limit_is_429_with_retry_after(procs: ProcessManager) -> No
     err = error_of(refused)
     assert (err["type"], err["code"]) == ("rate_limit_exceeded", "rate_limit_exceeded")
     assert _post(gw, KEY_B).status_code == 200  # keys are limited separately
-    metrics = httpx.get(gw.url + "/metrics").text
+    metrics = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {KEY_B}"}).text
     assert 'dflash_gateway_key_requests_total{key="team-a"} 3.0' in metrics
 
 

@@ -60,6 +60,8 @@ async def test_openapi_documents_the_public_bodies() -> None:
         "/v1/models/{model}",
         "/v1/messages",
         "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
     }
     schemas = doc["components"]["schemas"]
     chat_body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]

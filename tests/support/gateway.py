@@ -100,6 +100,8 @@ class FakeWorker:
     meta_info: dict[str, Any] | None = None  # per choice, when asked (``return_meta_info``)
     usage: bool = True  # answers report their token counts (whole answers: ``usage``)
     texts: tuple[str, ...] = ("Hel", "lo", "!")
+    loads: Any = None  # GET /v1/loads: this document (bytes as they are), else one idle rank
+    loads_served: int = 0  # GET /v1/loads answered
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -176,7 +178,8 @@ class FakeWorker:
             await _answer(writer, 200 if self.models else 404, doc if self.models else b"")
         elif path == "/v1/loads":
             rank = {"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}
-            await _answer(writer, 200, {"loads": [rank]})
+            await _answer(writer, 200, {"loads": [rank]} if self.loads is None else self.loads)
+            self.loads_served += 1
         elif path == "/abort_request":
             self.aborted.append(orjson.loads(body)["rid"])
             await _answer(writer, 200, b"")

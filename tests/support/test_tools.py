@@ -22,8 +22,18 @@ def test_needs_it():
 """
 
 
-def _pytest(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_uses_tool.py").write_text(USES_A_MISSING_TOOL)
+USES_AN_NPM_TOOL = """
+from tests.support.tools import npm_tool
+
+def test_needs_it():
+    npm_tool("@anthropic-ai/claude-code", "2.1.332", "claude")
+"""
+
+
+def _pytest(
+    tmp_path: Path, test: str = USES_A_MISSING_TOOL, **env: str
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_uses_tool.py").write_text(test)
     environ = {k: v for k, v in os.environ.items() if k != REQUIRE_ENV}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", str(tmp_path)],
@@ -68,3 +78,17 @@ def test_redis_server_is_fetched_into_the_tools_dir_when_not_installed(tmp_path:
         [tools / "redis" / "redis-server", "--version"], capture_output=True, text=True, timeout=30
     )
     assert version.stdout.startswith("Redis server v=")
+
+
+def test_an_npm_tool_without_npm_skips_with_a_reason(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    tools = str(tmp_path / "tools")
+    done = _pytest(tmp_path, USES_AN_NPM_TOOL, PATH=str(empty), DFLASH_TOOLS_DIR=tools)
+    assert done.returncode == 0, done.stdout
+    assert "1 skipped" in done.stdout
+    assert "npm not found (.ci/run installs it: apt-get install npm)" in done.stdout
+    required = _pytest(
+        tmp_path, USES_AN_NPM_TOOL, PATH=str(empty), DFLASH_TOOLS_DIR=tools, **{REQUIRE_ENV: "1"}
+    )
+    assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout

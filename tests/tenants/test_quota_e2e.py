@@ -85,7 +85,8 @@ def refusal(kind: type[Exception], call: Callable[[], object], tries: int = 6) -
 
 
 def metric(gw: ManagedProcess, series: str, missing: float | None = None) -> float:
-    for line in httpx.get(gw.url + "/metrics", timeout=5).text.splitlines():
+    ops = {"authorization": f"Bearer {KEYS['team-b']}"}  # keys are set: /metrics needs one
+    for line in httpx.get(gw.url + "/metrics", headers=ops, timeout=5).text.splitlines():
         if line.startswith(series + " "):
             return float(line.split()[-1])
     if missing is not None:

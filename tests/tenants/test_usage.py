@@ -4,6 +4,7 @@ without reaching the request, and the queue written out at close."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -264,3 +265,26 @@ print(drops.count)
 def test_each_process_has_its_own_file() -> None:
     assert process_path(Path("/var/log/usage.jsonl"), 1) == Path("/var/log/usage.1.jsonl")
     assert process_path(Path("usage"), 0) == Path("usage.0")
+
+
+def test_a_line_that_cannot_be_written_is_dropped_and_the_writer_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, drops, crashes = tmp_path / "usage.jsonl", Drops(), list[int]()
+    log = UsageLog(
+        path,
+        max_bytes=1 << 20,
+        backups=2,
+        queue=10_000,
+        dropped=drops,
+        crashed=lambda: crashes.append(1),
+    )
+    bad = record(1)
+    bad.completion_tokens = 2**70  # a bug upstream of the writer: no JSON integer this large
+    with caplog.at_level(logging.ERROR, logger="app.tenants.usage"):
+        log.write(bad)
+        log.write(record(2))
+        log.close()
+    assert [line["request_id"] for line in lines(path)] == ["req-2"]
+    assert (drops.count, len(crashes)) == (1, 1)
+    assert any(r.exc_info is not None for r in caplog.records)

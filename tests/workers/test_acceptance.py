@@ -116,6 +116,19 @@ def test_fleet_saturation_is_demand_over_the_routable_caps() -> None:
     fleet[1].load = WorkerLoad(running=1, waiting=2)  # other replicas' requests count too
     fleet[2].state = WorkerState.UNHEALTHY  # neither its cap nor its requests count
     fleet[2].in_flight = 2
-    assert admission.saturation(fleet) == pytest.approx(5 / 4)
+    assert admission.saturation(fleet) == 1.0  # demand 5 over 4 slots: every slot taken
+    fleet[1].load = WorkerLoad(running=1)
+    assert admission.saturation(fleet) == pytest.approx(3 / 4)
     fleet[0].state = fleet[1].state = WorkerState.UNHEALTHY
     assert admission.saturation(fleet) == 0.0
+
+
+def test_fleet_saturation_stays_within_0_and_1_whatever_a_worker_reports() -> None:
+    fleet = _fleet(2)
+    admission = _admission(False)
+    fleet[0].load = WorkerLoad(running=-(10**18), waiting=-(10**18))
+    assert admission.saturation(fleet) == 0.0
+    fleet[1].in_flight = 1
+    assert admission.saturation(fleet) == pytest.approx(1 / 4)
+    fleet[0].load = WorkerLoad(running=10**300)
+    assert admission.saturation(fleet) == 1.0

@@ -170,6 +170,43 @@ def test_parse_loads_sums_ranks_and_reads_speculative_fields() -> None:
     assert parse_loads("nonsense") is None
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        1.7e308,  # two ranks of it sum to an infinity (int() of it raised OverflowError)
+        1e300,
+        -1e18,
+        float(2**31 + 1),
+        2**64,
+        "12",
+        True,
+    ],
+)
+def test_parse_loads_takes_only_plausible_figures(hostile: object) -> None:
+    rank = {
+        "num_running_reqs": hostile,
+        "num_waiting_reqs": hostile,
+        "token_usage": hostile,
+        "gen_throughput": hostile,
+        "max_running_requests": hostile,
+        "max_total_num_tokens": hostile,
+    }
+    load = parse_loads({"loads": [rank, dict(rank)]})
+    assert load == WorkerLoad()  # nothing taken: idle as far as its report goes, default cap
+
+
+def test_parse_loads_checks_each_rank_and_the_sum() -> None:
+    good = {"num_running_reqs": 3, "token_usage": 0.25, "gen_throughput": 10.0}
+    bad = {"num_running_reqs": -5, "token_usage": 7.0, "gen_throughput": -1e30}
+    load = parse_loads({"loads": [good, bad]})
+    assert load is not None
+    assert (load.running, load.token_usage, load.gen_throughput) == (3, 0.25, 10.0)
+    big = {"num_running_reqs": 2**31, "max_running_requests": 2**31, "gen_throughput": 1.7e308}
+    load = parse_loads({"loads": [big, big]})  # each rank plausible, the sums are not
+    assert load is not None
+    assert (load.running, load.max_running_requests, load.gen_throughput) == (0, None, 0.0)
+
+
 def test_a_slot_freed_since_the_last_poll_is_free_at_once() -> None:
     admission = Admission(AdmissionConfig())
     worker = _worker()

@@ -47,6 +47,16 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* The gateway's metrics port (its metrics_port setting) when the ServiceMonitor scrapes it:
+gateway.settings.metrics_port, else metrics.port; empty without a ServiceMonitor. Prometheus
+scrapes that port without a key, while /metrics on the API port needs a client key whenever
+client keys are configured. */}}
+{{- define "dflash-gateway.metricsPort" -}}
+{{- if .Values.metrics.serviceMonitor.enabled }}
+{{- .Values.gateway.settings.metrics_port | default .Values.metrics.port }}
+{{- end }}
+{{- end }}
+
 {{/* The label selector the gateway lists EndpointSlices with: the label Kubernetes puts on every
 EndpointSlice of a Service, naming the workers' headless Service - so exactly its slices match. */}}
 {{- define "dflash-gateway.workerSelectorString" -}}

@@ -1,19 +1,25 @@
-"""The Messages routes as FastAPI sees them: declared for ``/openapi.json``, 405s and the CORS
-case; ``app.main.GatewayApp`` serves their POSTs itself (``app.anthropic.serve``)."""
+"""How ``/openapi.json`` declares the Messages routes: any JSON object as the body (the translator,
+``request.py``, is the one that checks it), a Message or its events as the answer, and every error
+in Anthropic's shape (``shape.py``) with the status's ``type``."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
 from pydantic import BaseModel
-from starlette.responses import Response
 
-from app.anthropic import serve as lane
-from app.api.deps import GatewayDep
-from app.api.openai import LaneResponse
+from app.proxy.ingress import Operation
 
-router = APIRouter()
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
 
 _BODY = {
     "requestBody": {
@@ -30,18 +36,6 @@ _ANSWER: dict[int | str, dict[str, Any]] = {
         },
     }
 }
-
-
-class AnthropicErrorDetail(BaseModel):
-    type: str
-    message: str
-
-
-class AnthropicError(BaseModel):
-    type: Literal["error"]
-    error: AnthropicErrorDetail
-
-
 _WHY = {
     400: "invalid request (invalid_request_error)",
     401: "missing, wrong or revoked API key (authentication_error)",
@@ -60,20 +54,5 @@ _ANSWER.update(
 )
 
 
-def _declare(path: str, name: str) -> None:
-    async def endpoint(request: Request, gw: GatewayDep) -> Response:
-        return LaneResponse(gw, lane.ENTRIES[path])
-
-    endpoint.__name__ = name
-    router.add_api_route(
-        path,
-        endpoint,
-        methods=["POST"],
-        openapi_extra=_BODY,
-        responses=_ANSWER,
-        response_class=Response,
-    )
-
-
-_declare(lane.MESSAGES_ROUTE, "messages")
-_declare(lane.COUNT_ROUTE, "count_tokens")
+def operation(name: str) -> Operation:
+    return Operation(name, _BODY, _ANSWER)

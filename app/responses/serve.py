@@ -1,0 +1,169 @@
+"""``POST /v1/responses``, a row of the surface registry (``app.surfaces``), with the
+Responses API's conventions: the key in ``Authorization: Bearer``, errors before the stream began
+in OpenAI's error shape, after it as ``response.failed`` (``ResponsesShape``), ``: keep-alive``
+comments while the worker is silent (every SSE client skips comments).
+
+A request is read (``app.responses.request.load``), its ``previous_response_id`` looked up in
+the store under the caller's key (``app.responses.store``), translated, then parsed as the chat
+request it became (``app.proxy.request``: the body cap, ``max_messages``, the ``max_tokens``
+cap, the routing key) and run by the proxy like any chat request, with a ``ResponsesSurface``
+made for it: unlike the Messages surface it carries the request's state (the response id, the
+settings the Response repeats, the flattened tool names, where to store the answer), so its
+stream translator and its error shape are the request's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from app.api.schema import completion_responses
+from app.errors import GatewayError, InvalidRequest
+from app.gateway import Gateway
+from app.proxy.ingress import Entry, Operation, bearer
+from app.proxy.request import ParsedRequest, Route, parse_request
+from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
+from app.responses.request import load, translate
+from app.responses.response import Context, assistant_turn, to_response
+from app.responses.store import ResponseStore, fetch
+from app.responses.stream import ResponsesStream
+from app.routing.keys import SESSION_HEADER
+from app.tenants.headers import openai_headers
+from app.tenants.tenant import PRIORITY_HEADER
+
+log = logging.getLogger(__name__)
+
+RESPONSES_ROUTE = "/v1/responses"
+_READ = frozenset(
+    {
+        b"authorization",
+        b"content-length",
+        b"content-type",
+        b"content-encoding",
+        SESSION_HEADER.encode("ascii"),
+        PRIORITY_HEADER.lower().encode("ascii"),
+    }
+)
+
+
+class ResponsesShape:
+    """OpenAI's whole errors; one request's ``response.failed`` once its stream began."""
+
+    keepalive = b": keep-alive\n\n"
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    @staticmethod
+    def error_json(error: GatewayError) -> bytes:
+        return OPENAI.error_json(error)
+
+    def error_events(self, error: GatewayError) -> bytes:
+        stream = self._ctx.current
+        if stream is None:  # only keep-alives went out: the client has seen no event yet
+            stream = ResponsesStream(self._ctx)
+        events: bytes = stream.fail(error)
+        return events
+
+
+class ResponsesSurface(TranslatedSurface):
+    """The Responses API over a chat request (``app.proxy.surface.Surface``), one per request."""
+
+    __slots__ = ("ctx", "shape")
+    shape: ErrorShape
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.shape = ResponsesShape(ctx)
+
+    def observer(self, request: ParsedRequest, *, expose: bool) -> ResponsesStream:
+        return ResponsesStream(self.ctx, expose=expose)
+
+    def whole(self, doc: dict[str, Any], request: ParsedRequest) -> bytes:
+        response = to_response(doc, self.ctx)
+        if self.ctx.on_final is not None:
+            self.ctx.on_final(response)
+        return orjson.dumps(response)
+
+
+def _saver(
+    store: ResponseStore, key: str | None, ctx: Context, conversation: list[dict[str, Any]]
+) -> Any:
+    def save(response: dict[str, Any]) -> None:
+        turn = assistant_turn(response, ctx)
+        messages = [*conversation, turn] if turn is not None else conversation
+        store.save(key, ctx.id, {"response": response, "messages": messages})
+
+    return save
+
+
+async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
+    limits, aliases = gw.settings.limits, gw.settings.model_aliases
+    body = load(raw)
+    store = gw.responses
+    history = None
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str) and previous:
+        if store is None:
+            raise InvalidRequest(
+                "previous_response_id: this gateway keeps no responses (responses.store is "
+                "none); send the whole conversation as input",
+                param="previous_response_id",
+            )
+        record = await fetch(store, key, previous)
+        if record is None or not isinstance(record.get("messages"), list):
+            raise InvalidRequest(
+                f"previous_response_id: no stored response {previous[:64]!r}",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        history = record["messages"]
+    translated = translate(body, max_messages=limits.max_messages, history=history)
+    if translated.dropped is not None:
+        log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
+        gw.metrics.record_dropped_fields(RESPONSES_ROUTE)
+    ctx = Context(translated.chat["model"], translated.echo, translated.names, translated.summary)
+    if store is not None and translated.store:
+        ctx.on_final = _saver(store, key, ctx, translated.conversation)
+    try:
+        chat = orjson.dumps(translated.chat)
+    except orjson.JSONEncodeError:
+        raise InvalidRequest("request body is nested too deeply") from None
+    surface = ResponsesSurface(ctx)
+    return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=surface)
+
+
+class DoorSurface(TranslatedSurface):
+    """The entry's surface: only its error shape is used (OpenAI's, for refusals before the body
+    is read); each request then runs with a ``ResponsesSurface`` of its own (``_load``)."""
+
+    shape: ErrorShape = OPENAI
+
+    def observer(self, request: ParsedRequest, *, expose: bool) -> ResponsesStream:
+        raise AssertionError("a Responses request runs with its own surface")
+
+
+def _parse(gw: Gateway, raw: bytes) -> ParsedRequest:
+    raise AssertionError("the Responses entry is loaded (awaited), never parsed")
+
+
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+ENTRY = Entry(
+    RESPONSES_ROUTE,
+    _READ,
+    bearer,
+    _parse,
+    DoorSurface(),
+    openai_headers,
+    Operation("responses", _BODY, completion_responses()),
+    load=_load,
+)
+# The Responses surface, by path: ``app.surfaces`` lists it.
+ENTRIES = {RESPONSES_ROUTE: ENTRY}

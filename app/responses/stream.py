@@ -1,0 +1,496 @@
+"""A worker's chat stream, event by event, as the Responses API's stream.
+
+``ResponsesStream`` has the relay's observer shape (``app.proxy.surface.Observer``). Its grammar,
+every event with its ``event:`` line and a ``sequence_number`` counting from 0::
+
+    response.created  response.in_progress
+    ( response.output_item.added
+        reasoning:  (response.reasoning_summary_part.added  response.reasoning_summary_text.delta*
+                     response.reasoning_summary_text.done  response.reasoning_summary_part.done)
+                  | (response.content_part.added  response.reasoning_text.delta*
+                     response.reasoning_text.done  response.content_part.done)
+        message:    response.content_part.added  response.output_text.delta*
+                    response.output_text.done  response.content_part.done
+        function_call: response.function_call_arguments.delta*
+                       response.function_call_arguments.done
+      response.output_item.done )*
+    response.completed | response.incomplete (finish_reason length) | response.failed
+
+One output item is open at a time: ``reasoning`` (from ``reasoning_content``; summary events when
+the request asked for a reasoning summary, which is what Codex CLI renders, else reasoning-text
+events), ``message`` (from ``content``) or ``function_call`` (opened by a tool call's id or name,
+its arguments as deltas); a change of kind closes the open item. The worker's first chat chunk
+becomes ``response.created`` (the commit point); its usage chunk (the gateway always asks for one)
+gives the last event its usage and the acceptance-length estimate its steps; its ``[DONE]`` ends
+the response. A worker's error event before the first chunk is raised (the attempt may be
+retried); after it, it ends the stream with ``response.failed``. So does any gateway failure
+after the commit point (``fail``, called through the request's error shape). A chunk that is not
+a chat chunk (``choices`` not a list of objects, a delta or tool call of the wrong types) is a
+broken worker: ``UpstreamBadResponse``, retried before the commit point, ``response.failed``
+after it. An event is checked whole before any of its events is written; the events of a read
+before a broken one go out, the failure with the next read (or the stream's end), so sequence
+numbers never skip.
+
+Cost per chunk: one orjson parse of the worker's event (as the Messages surface) and, for the
+common delta, one ``orjson.dumps`` of the delta string joined to bytes prepared when its item
+opened: no dict is built per delta.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.errors import GatewayError, UpstreamBadResponse, UpstreamError
+from app.responses.response import (
+    Context,
+    call_item,
+    finish,
+    frame,
+    message_item,
+    output_text,
+    reasoning_item,
+    usage_of,
+)
+from app.upstream.sse import (
+    ACCEPT_LENGTH_FIELD,
+    StreamState,
+    answers,
+    foreign,
+    leading_error,
+    parse_usage,
+)
+
+_MAX_CARRY = 1 << 20
+_OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
+_SEQ = b',"sequence_number":'
+# The common worker chunk (``_quick``): one content or reasoning delta, as SGLang lays it out.
+_FAST_CHOICE = b'"choices":[{"index":0,"delta":{'
+_CONTENT = b'"content":'
+_REASONING = b'"reasoning_content":'
+_FAST_END = b'"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
+_FAST_START = b'data: {"id":'
+_CUT = 1 - len(_FAST_END)  # the delta's JSON string ends where _FAST_END begins, after its quote
+_END = b"}\n\n"
+
+
+def _bad(what: str) -> UpstreamBadResponse:
+    return UpstreamBadResponse(f"a worker sent a stream event with {what}")
+
+
+def _str(value: Any, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise _bad(what)
+
+
+class _Delta:
+    """A chunk's choice, checked: nothing is written until the whole chunk passed."""
+
+    __slots__ = ("calls", "finish", "reasoning", "text")
+
+    def __init__(self, choice: Any) -> None:
+        if not isinstance(choice, dict):
+            raise _bad("a choice that is not an object")
+        delta = choice.get("delta")
+        if delta is None:
+            delta = {}
+        elif not isinstance(delta, dict):
+            raise _bad("a delta that is not an object")
+        self.reasoning = _str(delta.get("reasoning_content"), "a non-string reasoning_content")
+        self.text = _str(delta.get("content"), "a non-string content")
+        calls = delta.get("tool_calls")
+        self.calls: list[tuple[Any, str | None, str | None, str | None]] = []
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise _bad("tool_calls that are not a list")
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(call, dict) or not isinstance(function, dict | None):
+                    raise _bad("a malformed tool call")
+                function = function or {}
+                index = call.get("index")
+                if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+                    raise _bad("a tool call index that is not an integer")
+                self.calls.append(
+                    (
+                        index,
+                        _str(call.get("id"), "a non-string tool call id"),
+                        _str(function.get("name"), "a non-string tool name"),
+                        _str(function.get("arguments"), "non-string tool arguments"),
+                    )
+                )
+        self.finish = _str(choice.get("finish_reason"), "a non-string finish_reason")
+
+
+class ResponsesStream(StreamState):
+    __slots__ = (
+        "_ctx",
+        "_expose",
+        "_failed",
+        "_finish",
+        "_finished",
+        "_head",
+        "_item",
+        "_kind",
+        "_marker",
+        "_output",
+        "_pending",
+        "_pieces",
+        "_raw_usage",
+        "_seq",
+        "_steps",
+        "_tool",
+    )
+
+    def __init__(self, ctx: Context, *, expose: bool = False) -> None:
+        super().__init__()
+        self._ctx = ctx
+        self._expose = expose  # add the estimated acceptance length to the final usage
+        self._seq = 0  # the next event's sequence_number
+        self._output: list[dict[str, Any]] = []  # the closed items
+        self._kind: str | None = None  # the open item's kind
+        self._marker: bytes | None = None  # what precedes a delta's string in ``_quick``
+        self._item: dict[str, Any] = {}  # the open item (as output_item.added showed it)
+        self._pieces: list[str] = []  # the open item's text or arguments so far
+        self._head = b""  # the open item's delta event, up to its delta value
+        self._tool: Any = None  # the worker's index of the open tool call
+        self._finish: Any = None
+        self._raw_usage: Any = None
+        self._steps = 0  # chat data events with choices
+        self._failed = False
+        self._finished = False  # the terminal event went out
+        self._pending: UpstreamError | None = None  # raised at the next read (see ``feed``)
+
+    # -- the relay's side ----------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._pending is not None:
+            raise self._pending
+        if self._carry:
+            chunk = self._carry + chunk
+            self._carry = b""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        end = chunk.rfind(b"\n\n")
+        if end < 0:
+            if len(chunk) < _MAX_CARRY:
+                self._carry = chunk
+                return b""
+            end = len(chunk)
+        elif end + 2 < len(chunk):
+            self._carry = chunk[end + 2 :]
+        if chunk.find(b"\n\n") == end:  # one event (the worker writes them one by one)
+            quick = self._quick(chunk[:end])
+            if quick is not None:
+                return quick
+            events = [chunk[:end]]
+        else:
+            events = chunk[:end].split(b"\n\n")
+        out: list[bytes] = []
+        begun = self.first_data
+        try:
+            for event in events:
+                if self.done:  # the worker's stream has ended: nothing after it is the client's
+                    self.after_done = self.after_done or bool(event.strip())
+                    continue
+                quick = self._quick(event)
+                if quick is None:
+                    at = event.find(b"data:")
+                    if at >= 0:
+                        self._data(event[at + 5 :].strip(), out)
+                elif quick:
+                    out.append(quick)
+        except UpstreamError as exc:
+            if not begun or not out:
+                raise  # nothing of this read reaches the client
+            # The events before the broken one go out whole; the failure with the next read.
+            self._pending = exc
+        if self.done and self._carry:
+            self.after_done = self.after_done or bool(self._carry.strip())
+            self._carry = b""
+        if out and self.first_data:
+            self._ctx.current = self  # the stream the client is reading (for ``fail``)
+        return b"".join(out)
+
+    def _quick(self, event: bytes) -> bytes | None:
+        """The steady state without parsing the worker's event: one text or reasoning delta of
+        the open item's kind, nothing else, in SGLang's layout. Its JSON string is cut out,
+        checked to be exactly one string (one small parse) and written into the client's event
+        as it is. None: any other event (parsed whole by ``_data``)."""
+        marker = self._marker
+        if marker is None or not event.endswith(_FAST_END):
+            return None
+        at = event.find(marker)
+        if at < 0 or not event.startswith(_FAST_START):
+            return None
+        literal = event[at + len(marker) : _CUT]
+        try:
+            text = orjson.loads(literal)
+        except orjson.JSONDecodeError:
+            return None
+        if text.__class__ is not str:
+            return None
+        self.events += 1
+        self._steps += 1
+        if not text:
+            return b""
+        self._pieces.append(text)
+        seq = self._seq
+        self._seq = seq + 1
+        return self._head + literal + _SEQ + b"%d" % seq + _END
+
+    def finish(self) -> bytes:
+        """A last ``data: [DONE]`` without its blank line still ends the response."""
+        if self._pending is not None:
+            raise self._pending
+        rest, self._carry = self._carry.strip(), b""
+        out: list[bytes] = []
+        if rest.startswith(b"data:") and rest[5:].strip() == b"[DONE]":
+            self._data(b"[DONE]", out)
+        return b"".join(out)
+
+    def fail(self, error: GatewayError) -> bytes:
+        """The stream's last events for a failure after it began: ``response.failed`` (after
+        ``response.created`` if the client has not seen it); nothing once it ended."""
+        if self._finished:
+            return b""
+        self._finished = self._failed = True
+        self._kind = self._marker = None  # no delta may follow (``_quick``)
+        out: list[bytes] = []
+        if not self.first_data:
+            self._begin(out)
+        response = self._response("failed")
+        code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+        response["error"] = {"code": code, "message": error.client_message, "type": error.code}
+        out.append(self._event({"type": "response.failed", "response": response}))
+        return b"".join(out)
+
+    # -- the worker's events -------------------------------------------------------------------
+
+    def _data(self, payload: bytes, out: list[bytes]) -> None:
+        self.events += 1
+        if payload == b"[DONE]":
+            if not self.first_data:
+                raise _bad("nothing before [DONE]")
+            self.done = True
+            if not self._finished:
+                self._end(out)
+            return
+        if self._finished:
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise _bad("invalid JSON") from None
+        if not isinstance(obj, dict):
+            raise _bad("JSON that is not an object")
+        choices = obj.get("choices")
+        if "error" in obj and choices is None:
+            error = leading_error(payload)
+            if not self.first_data:
+                raise error
+            self.inband_error = True
+            out.append(self.fail(error))
+            return
+        if not choices:
+            if choices is not None and not isinstance(choices, list):
+                raise _bad("choices that are not a list")
+            self._usage(obj)
+            return
+        if not isinstance(choices, list):
+            raise _bad("choices that are not a list")
+        delta = _Delta(choices[0])
+        if not self.first_data:
+            rid = self.expect
+            if rid is not None and not answers(rid, obj.get("id")):
+                raise foreign(rid, obj.get("id"))
+            self._begin(out)
+        self._steps += 1
+        if delta.reasoning:
+            self._reasoning(delta.reasoning, out)
+        if delta.text:
+            self._text(delta.text, out)
+        for call in delta.calls:
+            self._call(call, out)
+        if delta.finish is not None:
+            self._finish = delta.finish
+        if obj.get("usage") is not None:
+            self._usage(obj)
+
+    def _usage(self, obj: dict[str, Any]) -> None:
+        if obj.get("usage") is None:
+            return
+        self._raw_usage = obj["usage"]
+        self.usage = parse_usage(obj)
+        if self.usage is not None:
+            steps = self._steps - _OVERHEAD
+            self.usage.verify_steps = steps if steps > 0 else None
+
+    # -- events --------------------------------------------------------------------------------
+
+    def _event(self, data: dict[str, Any]) -> bytes:
+        data["sequence_number"] = self._seq
+        self._seq += 1
+        kind: bytes = data["type"].encode()
+        return b"event: " + kind + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    def _delta(self, value: str, literal: bytes | None = None) -> bytes:
+        """The open item's delta event for ``value`` (``literal``: it as a JSON string)."""
+        seq = self._seq
+        self._seq += 1
+        self._pieces.append(value)
+        if literal is None:
+            literal = orjson.dumps(value)
+        return self._head + literal + _SEQ + b"%d" % seq + _END
+
+    def _response(self, status: str) -> dict[str, Any]:
+        response = frame(self._ctx, status)
+        response["output"] = list(self._output)
+        return response
+
+    def _begin(self, out: list[bytes]) -> None:
+        self.first_data = True
+        response = self._response("in_progress")
+        out.append(self._event({"type": "response.created", "response": response}))
+        out.append(self._event({"type": "response.in_progress", "response": response}))
+
+    def _open(self, kind: str, item: dict[str, Any], out: list[bytes]) -> None:
+        self._close(out)
+        self._kind, self._item, self._pieces = kind, item, []
+        key = _CONTENT if kind == "message" else _REASONING if kind == "reasoning" else None
+        self._marker = None if key is None else _FAST_CHOICE + key
+        index = len(self._output)
+        added = {"type": "response.output_item.added", "output_index": index, "item": item}
+        out.append(self._event(added))
+
+    def _head_for(self, kind: str, extra: str) -> bytes:
+        return (
+            b"event: %s\ndata: {\"type\":\"%s\",\"item_id\":\"%s\",\"output_index\":%d%s,"
+            b'"delta":'
+            % (kind.encode(), kind.encode(), self._item["id"].encode(), len(self._output),
+               extra.encode())
+        )  # fmt: skip
+
+    def _reasoning(self, text: str, out: list[bytes], literal: bytes | None = None) -> None:
+        if self._kind != "reasoning":
+            self._close(out)
+            index = len(self._output)
+            item = reasoning_item(self._ctx, index, "", "in_progress")
+            item["summary"] = []
+            item.pop("content", None)
+            self._open("reasoning", item, out)
+            common = {"item_id": item["id"], "output_index": index}
+            if self._ctx.summary:
+                part = {"type": "summary_text", "text": ""}
+                added = {"type": "response.reasoning_summary_part.added", **common}
+                out.append(self._event({**added, "summary_index": 0, "part": part}))
+                self._head = self._head_for(
+                    "response.reasoning_summary_text.delta", ',"summary_index":0'
+                )
+            else:
+                part = {"type": "reasoning_text", "text": ""}
+                added = {"type": "response.content_part.added", **common}
+                out.append(self._event({**added, "content_index": 0, "part": part}))
+                self._head = self._head_for("response.reasoning_text.delta", ',"content_index":0')
+        out.append(self._delta(text, literal))
+
+    def _text(self, text: str, out: list[bytes], literal: bytes | None = None) -> None:
+        if self._kind != "message":
+            self._close(out)
+            index = len(self._output)
+            item = message_item(self._ctx, index, "", "in_progress")
+            self._open("message", item, out)
+            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            part = output_text("")
+            out.append(self._event({"type": "response.content_part.added", **common, "part": part}))
+            self._head = self._head_for(
+                "response.output_text.delta", ',"content_index":0,"logprobs":[]'
+            )
+        out.append(self._delta(text, literal))
+
+    def _call(self, call: tuple[Any, str | None, str | None, str | None], out: list[bytes]) -> None:
+        index, call_id, name, arguments = call
+        if call_id or name or self._kind != "call" or index != self._tool:
+            self._close(out)
+            item = call_item(
+                self._ctx, len(self._output), call_id or "", name or "", "", "in_progress"
+            )
+            self._open("call", item, out)
+            self._tool = index
+            self._head = self._head_for("response.function_call_arguments.delta", "")
+        if arguments:
+            out.append(self._delta(arguments))
+
+    def _close(self, out: list[bytes], status: str = "completed") -> None:
+        kind = self._kind
+        if kind is None:
+            return
+        self._kind = self._marker = None
+        item, text = self._item, "".join(self._pieces)
+        index = len(self._output)
+        common = {"item_id": item["id"], "output_index": index}
+        if kind == "reasoning":
+            done = reasoning_item(self._ctx, index, text, status)
+            if self._ctx.summary:
+                part = {"type": "summary_text", "text": text}
+                out.append(
+                    self._event(
+                        {"type": "response.reasoning_summary_text.done", **common}
+                        | {"summary_index": 0, "text": text}
+                    )
+                )
+                out.append(
+                    self._event(
+                        {"type": "response.reasoning_summary_part.done", **common}
+                        | {"summary_index": 0, "part": part}
+                    )
+                )
+            else:
+                part = {"type": "reasoning_text", "text": text}
+                common["content_index"] = 0
+                out.append(
+                    self._event({"type": "response.reasoning_text.done", **common, "text": text})
+                )
+                out.append(
+                    self._event({"type": "response.content_part.done", **common, "part": part})
+                )
+        elif kind == "message":
+            done = message_item(self._ctx, index, text, status)
+            common["content_index"] = 0
+            out.append(
+                self._event(
+                    {"type": "response.output_text.done", **common, "text": text, "logprobs": []}
+                )
+            )
+            part = output_text(text)
+            out.append(self._event({"type": "response.content_part.done", **common, "part": part}))
+        else:
+            done = dict(item, arguments=text, status=status)
+            out.append(
+                self._event(
+                    {"type": "response.function_call_arguments.done", **common}
+                    | {"name": item["name"], "arguments": text}
+                )
+            )
+        self._output.append(done)
+        out.append(
+            self._event({"type": "response.output_item.done", "output_index": index, "item": done})
+        )
+
+    def _end(self, out: list[bytes]) -> None:
+        incomplete = self._finish == "length"
+        self._close(out, "incomplete" if incomplete else "completed")
+        self._finished = True
+        response = self._response("completed")
+        finish(response, self._finish)
+        usage = usage_of(self._raw_usage)
+        length = self.usage.accept_length if self.usage is not None else None
+        if usage is not None and self._expose and length is not None:
+            usage[ACCEPT_LENGTH_FIELD] = round(length, 4)
+        response["usage"] = usage
+        kind = "response.incomplete" if incomplete else "response.completed"
+        if self._ctx.on_final is not None:
+            self._ctx.on_final(response)
+        out.append(self._event({"type": kind, "response": response}))

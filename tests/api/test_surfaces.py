@@ -1,0 +1,51 @@
+"""The surface registry (``app.surfaces``): every API route it lists is dispatched, declared in
+``/openapi.json``, counted under its own ``route`` label from start-up, and answers errors in its
+surface's shape -- with nothing about a route written anywhere else."""
+
+from __future__ import annotations
+
+import orjson
+
+from app.errors import UnsupportedMediaType
+from app.proxy.surface import CHAT, COMPLETIONS, OPENAI
+from app.surfaces import BY_PATH, ROUTES, SURFACES, shape_of
+from tests.support.gateway import FakeWorker, GatewayHarness
+
+
+def test_the_table_lists_every_api_and_chat_is_a_peer_surface() -> None:
+    assert ROUTES == (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+    )
+    assert BY_PATH["/v1/chat/completions"].surface is CHAT
+    assert BY_PATH["/v1/completions"].surface is COMPLETIONS
+
+
+def test_refusal_shape_follows_the_target() -> None:
+    anthropic = BY_PATH["/v1/messages"].surface.shape
+    assert anthropic is not OPENAI
+    assert shape_of(b"/v1/messages?beta=true") is anthropic
+    assert shape_of(b"/v1/messages/count_tokens") is anthropic
+    assert shape_of(b"/v1/chat/completions") is OPENAI
+    assert shape_of(b"/nowhere") is OPENAI
+
+
+async def test_every_route_is_served_declared_and_counted() -> None:
+    plain = {"content-type": "text/plain"}
+    async with GatewayHarness([FakeWorker()]) as gw:
+        doc = (await gw.request("GET", "/openapi.json")).json()
+        metrics = (await gw.request("GET", "/metrics")).body.decode()
+        answers = {
+            entry.route: await gw.request("POST", entry.route, raw=b"x", headers=plain)
+            for entry in SURFACES
+        }
+    for entry in SURFACES:
+        assert doc["paths"][entry.route]["post"]["operationId"].startswith(entry.operation.name)
+        assert f'route="{entry.route}"' in metrics
+        ex = answers[entry.route]
+        assert ex.status == 415  # the door ran, not FastAPI's 404
+        expected = orjson.loads(entry.surface.shape.error_json(UnsupportedMediaType("x")))
+        assert set(ex.json()) == set(expected)

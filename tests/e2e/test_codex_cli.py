@@ -1,0 +1,143 @@
+"""The real Codex CLI (``@openai/codex``, pinned, installed from npm into ``.tools/`` by the test)
+run headless (``codex exec --json``) against a real gateway in front of real emulators, with
+``wire_api = "responses"`` in a temporary ``CODEX_HOME``/``HOME``: the config is the one the docs
+give (``CONFIG``). Codex always streams, and it sends every field it uses on each request: the
+gateway must understand all of them (none dropped), answer a simple prompt, and carry a tool call
+(its ``exec_command`` shell tool) through the round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Stack, emulator, gateway
+from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.tools import npm_tool
+
+pytestmark = pytest.mark.processes
+
+CODEX_VERSION = "0.171.0"
+MODEL = "moonshotai/Kimi-K2.5"
+KEY = "sk-codex-e2e-0123456789abcdef"
+# What a user puts in ~/.codex/config.toml (the base_url is theirs). web_search is a hosted tool
+# nothing runs here; analytics and the update check would reach the internet.
+CONFIG = """\
+model = "moonshotai/Kimi-K2.5"
+model_provider = "dflash"
+web_search = "disabled"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.dflash]
+name = "dflash-gateway"
+base_url = "{url}/v1"
+env_key = "DFLASH_API_KEY"
+wire_api = "responses"
+"""
+
+
+@pytest.fixture(scope="module")
+def codex() -> str:
+    return npm_tool("@openai/codex", CODEX_VERSION, "codex")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, codex: str) -> Iterator[Stack]:
+    manager = ProcessManager(Path(tmp_path_factory.mktemp("codex")))
+    try:
+        emus = [emulator(manager, "emu-a"), emulator(manager, "emu-b")]
+        yield Stack(gateway(manager, emus, env={"DFLASH_GATEWAY_API_KEYS": KEY}), emus)
+    except BaseException:
+        for chunk in manager.dump_logs():
+            print(chunk)
+        raise
+    finally:
+        manager.stop_all()
+
+
+def metric(gw: ManagedProcess, name: str, **labels: str) -> float:
+    """The value of one series of the gateway's /metrics (0 when absent)."""
+    headers = {"Authorization": f"Bearer {KEY}"}  # keys are configured: /metrics needs one
+    text = httpx.get(gw.url + "/metrics", headers=headers, timeout=10).text
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(w in line for w in wanted):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_codex(codex: str, gw: ManagedProcess, tmp_path: Path, prompt: str) -> list[dict[str, Any]]:
+    """``codex exec --json PROMPT`` in a fresh home; its JSON events (exit status 0 asserted)."""
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(CONFIG.format(url=gw.url))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "DFLASH_API_KEY": KEY,
+        "NO_COLOR": "1",
+    }
+    argv = [codex, "exec", "--json", "--strict-config", "--skip-git-repo-check", "-C", str(work)]
+    done = subprocess.run(
+        [*argv, prompt],
+        env=env,
+        cwd=work,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        e["item"]
+        for e in events
+        if e.get("type") == "item.completed" and e["item"].get("type") == kind
+    ]
+
+
+def test_simple_prompt_streams_its_answer(codex: str, stack: Stack, tmp_path: Path) -> None:
+    gw = stack.gw
+    before = metric(gw, "dflash_gateway_stream_outcomes_total", outcome="ok")
+    events = run_codex(codex, gw, tmp_path, "Say hello")
+    [answer] = items(events, "agent_message")
+    assert answer["text"].strip()
+    # The reasoning came as streamed summary events, the usage with response.completed.
+    assert items(events, "reasoning") and items(events, "reasoning")[0]["text"].strip()
+    [turn] = [e for e in events if e.get("type") == "turn.completed"]
+    assert turn["usage"]["input_tokens"] > 0 and turn["usage"]["output_tokens"] > 0
+    assert turn["usage"]["reasoning_output_tokens"] > 0
+    assert metric(gw, "dflash_gateway_stream_outcomes_total", outcome="ok") == before + 1
+    # Every field Codex sent was understood: none dropped.
+    dropped = "dflash_gateway_requests_with_dropped_fields_total"
+    assert metric(gw, dropped, route="/v1/responses") == 0
+
+
+def test_tool_call_round_trip(codex: str, stack: Stack, tmp_path: Path) -> None:
+    gw = stack.gw
+    before = metric(gw, "dflash_gateway_requests_total", route="/v1/responses", status="200")
+    events = run_codex(codex, gw, tmp_path, "Run exec_command with: echo codex-ok")
+    [command] = items(events, "command_execution")
+    assert command["status"] in ("completed", "failed")  # it ran; its exit status is the shell's
+    assert re.search(r"\S", command["command"])
+    answers = items(events, "agent_message")
+    assert answers and answers[-1]["text"].strip()  # the model answered after the tool's output
+    after = metric(gw, "dflash_gateway_requests_total", route="/v1/responses", status="200")
+    assert after >= before + 2  # the call, then the answer to its output

@@ -1,0 +1,63 @@
+"""The in-process response store (``app.responses.store.MemoryStore``): bounded by count, bytes
+and time, least recently used out first, one key's responses invisible to another."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config import ResponsesConfig
+from app.responses.store import MemoryStore, make_store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(size: int = 10) -> dict[str, object]:
+    return {"response": {"id": "r"}, "messages": [{"role": "user", "content": "x" * size}]}
+
+
+async def test_per_key_ttl_and_delete() -> None:
+    clock = Clock()
+    store = MemoryStore(ResponsesConfig(store="memory", ttl_s=60), clock)
+    store.save("team-a", "resp_1", record())
+    assert await store.get("team-a", "resp_1") == record()
+    assert await store.get("team-b", "resp_1") is None  # another key
+    assert await store.get(None, "resp_1") is None
+    assert not await store.delete("team-b", "resp_1")
+    clock.now = 61
+    assert await store.get("team-a", "resp_1") is None  # expired
+    store.save("team-a", "resp_2", record())
+    assert await store.delete("team-a", "resp_2")
+    assert await store.get("team-a", "resp_2") is None
+
+
+async def test_bounded_by_count_and_bytes_least_recently_used_first() -> None:
+    config = ResponsesConfig(store="memory", max_items=2, max_bytes=1024 * 1024)
+    store = MemoryStore(config, Clock())
+    for name in ("a", "b"):
+        store.save("k", name, record())
+    assert await store.get("k", "a") is not None  # now the most recently used
+    store.save("k", "c", record())
+    assert await store.get("k", "b") is None
+    assert await store.get("k", "a") is not None and await store.get("k", "c") is not None
+    big = MemoryStore(ResponsesConfig(store="memory", max_bytes=1024 * 1024), Clock())
+    for name in ("x", "y", "z"):
+        big.save("k", name, record(400 * 1024))
+    assert await big.get("k", "x") is None  # pushed out by bytes
+    big.save("k", "huge", record(2 * 1024 * 1024))  # larger than the whole store: not kept
+    assert await big.get("k", "huge") is None and await big.get("k", "z") is not None
+
+
+def test_no_store_by_default_and_redis_needs_a_url() -> None:
+    assert make_store(ResponsesConfig(), None) is None
+    from app.config import Settings
+
+    with pytest.raises(ValueError, match="redis_url"):
+        Settings(responses={"store": "redis"})
+    with pytest.raises(ValueError, match="one process"):
+        Settings(responses={"store": "memory"}, processes=2)
