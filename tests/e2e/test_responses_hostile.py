@@ -27,8 +27,12 @@ MODEL = hostile.MODEL
 EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
+# The rid of the request being answered: SGLang answers with it as the id, which the gateway checks.
+RID = ["c"]
+
+
 def chunk(delta: Any = None, **choice: Any) -> bytes:
-    body = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, **choice}]}
+    body = {"id": RID[0], "object": "chat.completion.chunk", "choices": [{"index": 0, **choice}]}
     if delta is not None:
         body["choices"][0]["delta"] = delta
     return b"data: " + orjson.dumps(body) + b"\n\n"
@@ -50,23 +54,29 @@ def paused(*events: bytes) -> bytes:
     return first[:-5] + PAUSE + rest[head_end:]
 
 
-GOOD = chunk({"role": "assistant", "content": "Hel"})
-USAGE = raw({"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+def good() -> bytes:
+    return chunk({"role": "assistant", "content": "Hel"})
+
+
+def usage() -> bytes:
+    return raw({"id": RID[0], "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+
+
 SCENARIOS = {
-    "ok": lambda tag: hostile.stream(GOOD, chunk({"content": "lo"}, finish_reason="stop"),
-                                     USAGE, DONE),
-    "badchoices": lambda tag: hostile.stream(raw({"id": "c", "choices": "nope"}), DONE),
+    "ok": lambda tag: hostile.stream(good(), chunk({"content": "lo"}, finish_reason="stop"),
+                                     usage(), DONE),
+    "badchoices": lambda tag: hostile.stream(raw({"id": RID[0], "choices": "nope"}), DONE),
     "baddelta": lambda tag: hostile.stream(chunk([1, 2]), DONE),
     "donefirst": lambda tag: hostile.stream(DONE),
-    "badcall": lambda tag: paused(GOOD, chunk({"tool_calls": [7]}), DONE),
+    "badcall": lambda tag: paused(good(), chunk({"tool_calls": [7]}), DONE),
     "badname": lambda tag: paused(
-        GOOD, chunk({"tool_calls": [{"index": 0, "function": {"name": {"x": 1}}}]}), DONE
+        good(), chunk({"tool_calls": [{"index": 0, "function": {"name": {"x": 1}}}]}), DONE
     ),
-    "inband": lambda tag: paused(GOOD, raw({"error": {"message": "boom", "code": 500}}), DONE),
-    "cut": lambda tag: paused(GOOD),
-    "notjson": lambda tag: paused(GOOD, b"data: {not json\n\n", DONE),
+    "inband": lambda tag: paused(good(), raw({"error": {"message": "boom", "code": 500}}), DONE),
+    "cut": lambda tag: paused(good()),
+    "notjson": lambda tag: paused(good(), b"data: {not json\n\n", DONE),
     "whole-bad": lambda tag: hostile.response(orjson.dumps({"choices": [{"message": "x"}]})),
-    "whole-ok": lambda tag: hostile.response(hostile.completion("fine")),
+    "whole-ok": lambda tag: hostile.response(hostile.completion("fine", rid=RID[0])),
     # The stream's head, then nothing: keep-alives, then the idle deadline.
     "silent": lambda tag: hostile.stream()[: -len(b"0\r\n\r\n")],
 }  # fmt: skip
@@ -88,7 +98,9 @@ class Worker(hostile.FakeWorker):
 
     def _answer(self, path: str, body: bytes) -> bytes:
         if path == hostile.CHAT:
-            text = orjson.loads(body)["messages"][-1]["content"]
+            request = orjson.loads(body)
+            RID[0] = request["rid"]
+            text = request["messages"][-1]["content"]
             scenario, _, tag = text.partition(" ")
             return SCENARIOS[scenario](tag)
         return super()._answer(path, body)
