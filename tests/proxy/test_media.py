@@ -144,3 +144,14 @@ async def test_a_messages_image_url_source_is_checked_with_its_own_field_name() 
     assert worker.requests[0]["messages"][0]["content"][1]["image_url"]["url"] == (
         "https://example.com/x.png"
     )
+
+
+async def test_a_responses_input_image_is_checked_too() -> None:
+    worker = FakeWorker()
+    image = {"type": "input_image", "image_url": "https://169.254.169.254/latest/meta-data/"}
+    body = {"model": MODEL, "input": [{"role": "user", "content": [image]}]}
+    async with GatewayHarness([worker]) as gw:
+        refused = await gw.post("/v1/responses", body)
+    assert refused.status == 400
+    assert "169.254.169.254" in refused.json()["error"]["message"]
+    assert worker.requests == []
