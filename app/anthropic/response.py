@@ -68,7 +68,7 @@ def to_message(doc: dict[str, Any], model: str, *, omit_thinking: bool = False) 
     message = choice.get("message") if isinstance(choice, dict) else None
     message = message if isinstance(message, dict) else {}
     content: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content")
+    reasoning = message.get("reasoning_content") or message.get("reasoning")  # SGLang / vLLM
     if isinstance(reasoning, str) and reasoning:
         shown = "" if omit_thinking else reasoning
         content.append({"type": "thinking", "thinking": shown, "signature": ""})
@@ -87,7 +87,8 @@ def to_message(doc: dict[str, Any], model: str, *, omit_thinking: bool = False) 
                 "input": tool_input(function.get("arguments")),
             }
         )
-    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("matched_stop"))
+    matched = choice.get("matched_stop", choice.get("stop_reason"))  # SGLang / vLLM
+    reason, sequence = stop_reason(choice.get("finish_reason"), matched)
     return {
         "id": message_id(doc.get("id")),
         "type": "message",

@@ -179,13 +179,14 @@ async def _non_stream(worker: Worker, sessions: list[Session], send: Send) -> st
             message["tool_calls"] = [
                 {"id": call_id, "index": 0, "type": "function", "function": function}
             ]
-        meta = session.meta_info() if req.return_meta_info else None
+        # vLLM has no meta_info (it ignores SGLang's return_meta_info).
+        meta = session.meta_info() if req.return_meta_info and not worker.config.vllm else None
         lp = logprobs.chat(lps) if req.logprobs else None
         picked.append(
             render.chat_choice(index, message, gen.finish_reason, gen.matched_stop, meta, lp)
         )
     respond = render.completion_response if req.kind == "completion" else render.chat_response
-    out = respond(first.rid, first.created, req.model, picked, use)
+    out = respond(first.rid, first.created, req.model, picked, use, vllm=worker.config.vllm)
     for session in sessions:
         session.finish()  # the record is written before the client sees the response
     await respond_json(send, 200, out)

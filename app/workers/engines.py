@@ -11,10 +11,11 @@ engine fills those from its own endpoints:
   ``vllm:gpu_cache_usage_perc`` before vLLM 0.10); throughput and acceptance as rates between two
   polls of its counters (``vllm:generation_tokens_total``; ``vllm:spec_decode_num_drafts_total``,
   ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``: the acceptance length is
-  ``1 + accepted / drafts``, as vLLM logs it); capacity from ``max_num_seqs`` when the server
-  reports it (``GET /server_info?config_format=json``, served with ``VLLM_SERVER_DEV_MODE=1``),
-  else ``workers.vllm_max_num_seqs``; abort: nothing to send, vLLM aborts a request whose
-  connection closes, and an attempt that ends early closes its connection (``app.upstream.http1``).
+  ``1 + accepted / drafts``, as vLLM logs it, over the last ``ACCEPT_WINDOW_S``); capacity
+  from ``max_num_seqs`` when the server reports it (``GET /server_info?config_format=json``,
+  served with ``VLLM_SERVER_DEV_MODE=1``), else ``workers.vllm_max_num_seqs``; abort: nothing
+  to send, vLLM aborts a request whose connection closes, and an attempt that ends early closes
+  its connection (``app.upstream.http1``).
 
 Per request, the acceptance length comes from SGLang's ``meta_info`` (non-streamed chat) or is
 estimated from the stream's chunks (both engines send one chunk per verify step).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Literal, Protocol
 
@@ -196,7 +198,10 @@ _DRAFTS = "vllm:spec_decode_num_drafts_total"
 _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _WANTED = frozenset((_RUNNING, _WAITING, *_KV_USAGE, _GENERATED, _DRAFTS, _DRAFT_TOKENS, _ACCEPTED))
+_COUNTERS = (_GENERATED, _DRAFTS, _DRAFT_TOKENS, _ACCEPTED)
 _MAX_METRICS_BODY = 4 * 1024 * 1024
+# The span a vLLM worker's acceptance length and rate are read over (its counters' rates).
+ACCEPT_WINDOW_S = 60.0
 
 
 def parse_vllm_metrics(text: bytes) -> dict[str, float]:
@@ -254,8 +259,8 @@ class VLLMEngine:
         self._default_seqs = default_max_num_seqs
         self._clock = clock
         self.max_num_seqs: int | None = None  # as the server reported it
-        self._last: dict[str, float] | None = None  # the counters at the previous poll
-        self._last_at = 0.0
+        # (when, counters) of the polls of the last ``ACCEPT_WINDOW_S``, oldest first.
+        self._samples: deque[tuple[float, dict[str, float]]] = deque()
         self._accept_length: float | None = None
         self._accept_rate: float | None = None
         self._throughput = 0.0
@@ -266,7 +271,7 @@ class VLLMEngine:
     async def admit(self, client: UpstreamClient, worker: Worker, timeout: float) -> None:  # noqa: ASYNC109
         """Read ``max_num_seqs`` where the server reports it; start the counter rates afresh (a
         restarted server's counters start at 0)."""
-        self._last = None
+        self._samples.clear()
         try:
             status, data = await client.get(worker, "/server_info?config_format=json", timeout)
         except UpstreamError:
@@ -288,23 +293,33 @@ class VLLMEngine:
         return self.load_from(parse_vllm_metrics(body))
 
     def load_from(self, now: dict[str, float]) -> WorkerLoad | None:
-        """The load of one ``/metrics`` scrape; rates against the previous scrape."""
+        """The load of one ``/metrics`` scrape. Throughput: the rate since the previous scrape
+        (as SGLang's last interval); acceptance: over the scrapes of the last
+        ``ACCEPT_WINDOW_S`` (a slow-moving property of drafter and traffic, read over enough
+        verify steps not to be noise)."""
         if _RUNNING not in now:
             return None  # not a vLLM exposition (or not yet serving)
         at = self._clock()
-        last, elapsed = self._last, at - self._last_at
-        counters = (_GENERATED, _DRAFTS, _DRAFT_TOKENS, _ACCEPTED)
-        # A counter that went backwards: the server restarted; rates resume at the next poll.
-        rising = last is not None and all(now.get(c, 0) >= last.get(c, 0) for c in counters)
-        if last is not None and rising and elapsed > 0:
-            delta = {c: now.get(c, 0.0) - last.get(c, 0.0) for c in counters}
-            self._throughput = delta[_GENERATED] / elapsed
-            # No drafts since the last poll (idle): the last figures stand.
-            if delta[_DRAFTS] > 0:
-                self._accept_length = 1.0 + delta[_ACCEPTED] / delta[_DRAFTS]
-            if delta[_DRAFT_TOKENS] > 0:
-                self._accept_rate = min(1.0, delta[_ACCEPTED] / delta[_DRAFT_TOKENS])
-        self._last, self._last_at = now, at
+        samples = self._samples
+        # A counter that went backwards: the server restarted; the window starts afresh.
+        if samples and any(now.get(c, 0) < samples[-1][1].get(c, 0) for c in _COUNTERS):
+            samples.clear()
+        if samples and at > samples[-1][0]:
+            last_at, last = samples[-1]
+            self._throughput = (now.get(_GENERATED, 0) - last.get(_GENERATED, 0)) / (at - last_at)
+        while len(samples) > 1 and samples[1][0] <= at - ACCEPT_WINDOW_S:
+            samples.popleft()
+        if samples:
+            first = samples[0][1]
+            drafts = now.get(_DRAFTS, 0) - first.get(_DRAFTS, 0)
+            drafted = now.get(_DRAFT_TOKENS, 0) - first.get(_DRAFT_TOKENS, 0)
+            accepted = now.get(_ACCEPTED, 0) - first.get(_ACCEPTED, 0)
+            # No drafts in the window (idle): the last figures stand.
+            if drafts > 0:
+                self._accept_length = 1.0 + accepted / drafts
+            if drafted > 0:
+                self._accept_rate = min(1.0, accepted / drafted)
+        samples.append((at, now))
         usage = next((now[k] for k in _KV_USAGE if k in now), 0.0)
         return WorkerLoad(
             running=int(now[_RUNNING]),
