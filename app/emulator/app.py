@@ -48,21 +48,23 @@ def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
     }
 
 
-def _vllm_routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
-    """vLLM's OpenAI server: generation, models, health, version, metrics, dev-mode server info
-    (and the emulator's own control endpoints)."""
-    return {
+def _vllm_routes(replay: ReplayBook | None, dev_mode: bool) -> dict[str, dict[str, Handler]]:
+    """vLLM's OpenAI server: generation, models, health, version, metrics, server info in dev
+    mode only (and the emulator's own control endpoints)."""
+    routes: dict[str, dict[str, Handler]] = {
         "/v1/chat/completions": {"POST": partial(_generate, replay, "chat")},
         "/v1/completions": {"POST": partial(_generate, replay, "completion")},
         "/v1/models": {"GET": ops.models},
         "/health": {"GET": ops.health},
         "/version": {"GET": vllm.version},
-        "/server_info": {"GET": vllm.server_info},
         "/metrics": {"GET": ops.metrics},
         "/emulator/faults": {"GET": control.get_faults, "POST": control.set_faults},
         "/emulator/gate": {"GET": control.get_gate, "POST": control.set_gate},
         "/emulator/stats": {"GET": control.get_stats, "DELETE": control.reset_stats},
     }
+    if dev_mode:
+        routes["/server_info"] = {"GET": vllm.server_info}
+    return routes
 
 
 async def _generate(
@@ -89,7 +91,11 @@ class EmulatorApp:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         replay = ReplayBook(worker) if worker.config.replay else None
-        self._routes = _vllm_routes(replay) if worker.config.vllm else _routes(replay)
+        self._routes = (
+            _vllm_routes(replay, worker.config.vllm_dev_mode)
+            if worker.config.vllm
+            else _routes(replay)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -78,6 +78,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the server to emulate: SGLang (default) or vLLM (its routes, chunks and metrics)",
     )
     p.add_argument(
+        "--vllm-dev-mode",
+        action="store_true",
+        help="with --engine vllm: serve /server_info (max_num_seqs), as VLLM_SERVER_DEV_MODE=1",
+    )
+    p.add_argument(
         "--max-queued-requests",
         type=int,
         default=None,
@@ -182,6 +187,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         step_time_scale=args.step_time_scale,
         accept_scale=args.accept_scale,
         engine=args.engine,
+        vllm_dev_mode=args.vllm_dev_mode,
         faults=faults,
     )
 

@@ -4,10 +4,11 @@ Same scheduler, timing and calibrated DFlash acceptance model as the SGLang emul
 differs is what vLLM's OpenAI server shows a client and an operator:
 
 * routes: ``/health`` (empty 200), ``/version``, ``/v1/models`` (``owned_by: vllm``),
-  ``/metrics`` with ``vllm:`` series, ``/server_info?config_format=json`` (vLLM serves it with
-  ``VLLM_SERVER_DEV_MODE=1``: ``vllm_config.scheduler_config.max_num_seqs``, the emulator's
-  ``--max-running-requests``); no ``/v1/loads``, ``/abort_request``, ``/model_info`` or
-  ``/flush_cache`` (404). A request is aborted when its client disconnects, as vLLM does.
+  ``/metrics`` with ``vllm:`` series, and with ``--vllm-dev-mode`` (vLLM's
+  ``VLLM_SERVER_DEV_MODE=1``) ``/server_info?config_format=json``
+  (``vllm_config.scheduler_config.max_num_seqs``: the emulator's ``--max-num-seqs``); no
+  ``/v1/loads``, ``/abort_request``, ``/model_info`` or ``/flush_cache`` (404). A request is
+  aborted when its client disconnects, as vLLM does.
 * responses (``app.emulator.render`` with ``vllm=True``): deltas carry only the fields set,
   reasoning as ``reasoning``, ``stop_reason`` instead of ``matched_stop``, no ``meta_info`` and
   no ``metadata``; usage without ``reasoning_tokens``.

@@ -53,6 +53,8 @@ class EmulatorConfig:
     seed: int | None = None
     # The server it emulates: sglang, or vllm (``app.emulator.vllm``).
     engine: str = "sglang"
+    # vLLM with VLLM_SERVER_DEV_MODE=1: its /server_info (max_num_seqs) is served.
+    vllm_dev_mode: bool = False
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:

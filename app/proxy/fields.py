@@ -11,8 +11,8 @@ reverse) has no effect there rather than failing.
 Denied (a 400 naming the field): SGLang fields that let a client run code on the worker
 (``custom_logit_processor``), point it at other hosts (``bootstrap_*``), load adapters
 (``lora_path``), pull internals (``return_hidden_states``), pin sessions, jump the queue
-(``priority``) or pick the request id the gateway aborts by (``rid``); and vLLM's equivalents: ``request_id``
-(its internal id), ``kv_transfer_params`` (other hosts), ``logits_processors`` and
+(``priority``) or pick the request id the gateway aborts by (``rid``); and vLLM's equivalents:
+``request_id`` (its internal id), ``kv_transfer_params`` (other hosts), ``logits_processors`` and
 ``vllm_xargs`` (code and arguments run on the worker), ``chat_template`` (a client-supplied
 template rendered on the worker). A name listed in
 ``limits.extra_fields`` is allowed even when denied here (``lora_path`` on a multi-LoRA fleet).
