@@ -304,6 +304,7 @@ class VLLMEngine:
         # A counter that went backwards: the server restarted; the window starts afresh.
         if samples and any(now.get(c, 0) < samples[-1][1].get(c, 0) for c in _COUNTERS):
             samples.clear()
+            self._throughput = 0.0
         if samples and at > samples[-1][0]:
             last_at, last = samples[-1]
             self._throughput = (now.get(_GENERATED, 0) - last.get(_GENERATED, 0)) / (at - last_at)
