@@ -167,13 +167,24 @@ class VLLMMetrics:
 
 
 def to_vllm_delta(delta: dict[str, Any]) -> dict[str, Any]:
-    """A delta as vLLM serialises it: only the fields set, reasoning as ``reasoning``."""
+    """A delta as vLLM serialises it: only the fields set, reasoning as ``reasoning``; a tool
+    call's id, type and name only on its first delta (vLLM's ``DeltaToolCall``), its arguments
+    after that."""
     out: dict[str, Any] = {}
     for key, value in delta.items():
         if value is None:
             continue
+        if key == "tool_calls":
+            value = [_vllm_tool_call(call) for call in value]
         out["reasoning" if key == "reasoning_content" else key] = value
     return out
+
+
+def _vllm_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = {k: v for k, v in (call.get("function") or {}).items() if v is not None}
+    if call.get("id") is None:
+        return {"index": call["index"], "function": function}
+    return {"id": call["id"], "type": "function", "index": call["index"], "function": function}
 
 
 def to_vllm_choice(choice: dict[str, Any]) -> dict[str, Any]:

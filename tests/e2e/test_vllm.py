@@ -270,3 +270,56 @@ def test_a_client_leaving_aborts_on_a_vllm_worker_by_closing_the_connection(
     # No /abort_request call (vLLM has none): the closed connection was the abort.
     assert re.search(r"^dflash_gateway_aborts_sent_total 0\.0$", text, re.M), text
     poll(lambda: _workers(gw)[emu.url]["in_flight"] == 0)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_vllm_tool_call_chunks_reach_openai_and_anthropic_clients(procs: ProcessManager) -> None:
+    """vLLM's tool-call deltas (id, type and name on the first only) assemble in the OpenAI SDK
+    and become an Anthropic tool_use block; the worker is pinned by its URL."""
+    emu = _vllm(procs, "vllm")
+    gw = gateway(procs, ["vllm+" + emu.url])
+    assert _workers(gw)[emu.url]["engine"] == "vllm"
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="kimi-k2.5",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        stream=True,
+        extra_body={"chat_template_kwargs": {"thinking": False}},
+    )
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for call in choice.delta.tool_calls or ():
+                seen = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                seen["id"] += call.id or ""
+                if call.function is not None:
+                    seen["name"] += call.function.name or ""
+                    seen["arguments"] += call.function.arguments or ""
+    assert finish == "tool_calls"
+    [call] = calls.values()
+    assert call["name"] == "get_weather" and call["id"]
+    assert "city" in call["arguments"]
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    with claude.messages.stream(
+        model="kimi-k2.5",
+        max_tokens=4000,
+        tools=[{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],  # type: ignore[index, list-item]
+        tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    ) as events:
+        final = events.get_final_message()
+    [use] = [block for block in final.content if block.type == "tool_use"]
+    assert use.name == "get_weather" and "city" in use.input  # type: ignore[operator]
+    assert final.stop_reason == "tool_use"
