@@ -323,8 +323,8 @@ class VLLMEngine:
         samples.append((at, now))
         usage = next((now[k] for k in _KV_USAGE if k in now), 0.0)
         return WorkerLoad(
-            running=int(now[_RUNNING]),
-            waiting=int(now.get(_WAITING, 0)),
+            running=int(min(now[_RUNNING], MAX_COUNT)),  # summed over label sets: bounded again
+            waiting=int(min(now.get(_WAITING, 0), MAX_COUNT)),
             token_usage=min(1.0, usage),
             gen_throughput=self._throughput,
             accept_length=self._accept_length,
@@ -345,8 +345,10 @@ def make_engine(
     return SGLangEngine()
 
 
-async def detect(client: UpstreamClient, worker: Worker, timeout: float) -> EngineName:  # noqa: ASYNC109
-    """The engine a worker runs, from what it answers (see the module doc)."""
+async def detect(client: UpstreamClient, worker: Worker, timeout: float) -> EngineName | None:  # noqa: ASYNC109
+    """The engine a worker runs, from what it answers (see the module doc); None when it did not
+    answer (a timeout, a dropped connection): it is asked again at the next health check rather
+    than admitted under a guess."""
     try:
         status, data = await client.get(worker, "/server_info", timeout)
         if status == 200 and isinstance(data, dict) and "vllm_config" not in data:
@@ -357,5 +359,5 @@ async def detect(client: UpstreamClient, worker: Worker, timeout: float) -> Engi
             if status == 200 and b"\nvllm:" in b"\n" + body:
                 return "vllm"
     except UpstreamError:
-        pass
+        return None
     return "sglang"

@@ -98,11 +98,15 @@ class HealthChecker:
             clock=self._clock,
         )
 
-    async def _settle_engine(self, worker: Worker) -> Engine:
-        """At admission: the pinned or configured engine, else the one the worker answers as."""
-        name = worker.engine_pin or self._workers.engine
+    async def _settle_engine(self, worker: Worker) -> Engine | None:
+        """At admission: the pinned or configured engine, else the one the worker answers as
+        (None: it did not answer; not admitted this time)."""
+        name: str = worker.engine_pin or self._workers.engine
         if name == "auto":
-            name = await detect(self._client, worker, self._config.timeout_s)
+            found = await detect(self._client, worker, self._config.timeout_s)
+            if found is None:
+                return None
+            name = found
         if worker.engine is None or worker.engine.name != name:
             worker.engine = self._make(name)
         await worker.engine.admit(self._client, worker, self._config.timeout_s)
@@ -130,8 +134,8 @@ class HealthChecker:
             ok
             and streak.successes >= self._config.success_threshold
             and await self._discover(worker)
+            and (engine := await self._settle_engine(worker)) is not None
         ):
-            engine = await self._settle_engine(worker)
             await self.poll_load(worker)  # its capacity, before it takes a request
             log.info(
                 "worker %s (%s) is healthy, serving %s, capacity %d",
