@@ -62,11 +62,12 @@ async def handle_generate(
                     f"length ({CONTEXT_LEN} tokens)."
                 )
     except RequestError as exc:
-        body = render.error_body(exc.message, exc.err_type, exc.status)
+        body = render.error_body(exc.message, exc.err_type, exc.status, vllm=worker.config.vllm)
         await respond_json(send, exc.status, body)
         return
     except ValueError as exc:  # bad JSON / body
-        await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        body = render.error_body(str(exc), "BadRequestError", 400, vllm=worker.config.vllm)
+        await respond_json(send, 400, body)
         return
     profile = header(scope, b"x-emulator-profile")
     request_id = header(scope, b"x-request-id")
@@ -95,7 +96,7 @@ async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | Non
     first = sessions[0]
     if faults.should_fail(worker.rng):
         status = faults.fail_status or 500
-        body = render.error_body("Injected failure.", str(status), status)
+        body = render.error_body("Injected failure.", str(status), status, vllm=worker.config.vllm)
         for session in sessions:
             session.finish("fail_status")
         await respond_json(send, status, body)

@@ -28,8 +28,11 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def error_body(message: str, err_type: str, code: int) -> dict[str, Any]:
-    """SGLang's ``ErrorResponse`` (``{"object": "error", ...}``)."""
+def error_body(message: str, err_type: str, code: int, *, vllm: bool = False) -> dict[str, Any]:
+    """SGLang's ``ErrorResponse`` (``{"object": "error", ...}``); vLLM's nests it under
+    ``error`` (``{"error": {"message", "type", "param", "code"}}``)."""
+    if vllm:
+        return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
 
 

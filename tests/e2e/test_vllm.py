@@ -323,3 +323,17 @@ def test_vllm_tool_call_chunks_reach_openai_and_anthropic_clients(procs: Process
     [use] = [block for block in final.content if block.type == "tool_use"]
     assert use.name == "get_weather" and "city" in use.input  # type: ignore[operator]
     assert final.stop_reason == "tool_use"
+
+
+def test_a_vllm_error_reaches_the_client_in_openai_shape_with_its_message(
+    procs: ProcessManager,
+) -> None:
+    """vLLM nests its error under ``error``; the client gets OpenAI's shape with the message."""
+    emu = _vllm(procs, "vllm")
+    gw = gateway(procs, [emu])
+    httpx.post(emu.url + "/emulator/faults", json={"fail_status": 400}, timeout=5)
+    direct = httpx.post(emu.url + CHAT, json=_body(1, stream=False), timeout=10).json()
+    assert direct["error"]["message"] == "Injected failure."
+    response = httpx.post(gw.url + CHAT, json=_body(1, stream=False), timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "Injected failure."
