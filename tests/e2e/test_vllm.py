@@ -337,3 +337,26 @@ def test_a_vllm_error_reaches_the_client_in_openai_shape_with_its_message(
     response = httpx.post(gw.url + CHAT, json=_body(1, stream=False), timeout=10)
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "Injected failure."
+
+
+def test_vllm_reasoning_becomes_responses_reasoning_items(procs: ProcessManager) -> None:
+    """The Responses API turns vLLM's ``reasoning`` into a reasoning item, whole and streamed."""
+    emu = _vllm(procs, "vllm")
+    gw = gateway(procs, [emu])
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+    out = client.responses.create(
+        model="kimi-k2.5", input="What is the capital of France?", max_output_tokens=4000
+    )
+    assert [item.type for item in out.output] == ["reasoning", "message"]
+    kinds = [
+        event.type
+        for event in client.responses.create(
+            model="kimi-k2.5",
+            input="What is the capital of France?",
+            max_output_tokens=4000,
+            reasoning={"effort": "high", "summary": "auto"},
+            stream=True,
+        )
+    ]
+    assert "response.reasoning_summary_text.delta" in kinds
+    assert kinds[-1] == "response.completed"
