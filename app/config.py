@@ -293,6 +293,14 @@ class WorkersConfig(_Section):
     # (SGLang ignores it then, or refuses it with --abort-on-priority-when-disabled). The chart
     # sets both together (workers.priorityScheduling).
     priority_scheduling: bool = False
+    # The workers' serving engine: auto detects each worker's when it is admitted (SGLang answers
+    # /server_info; vLLM answers /version and /metrics with vllm: series); sglang or vllm fixes
+    # it. A worker URL written vllm+http://host:port (or sglang+http://) overrides it per worker.
+    engine: Literal["auto", "sglang", "vllm"] = "auto"
+    # A vLLM worker's capacity (its --max-num-seqs) when it does not report one (vLLM reports it
+    # only in /server_info, served with VLLM_SERVER_DEV_MODE=1). admission.per_worker_cap
+    # overrides it as it does SGLang's reported limit.
+    vllm_max_num_seqs: int = Field(256, ge=1)
 
 
 class DiscoveryConfig(_Section):
@@ -357,6 +365,11 @@ class EmbeddedConfig(_Section):
     model: str = DEFAULT_MODEL
 
 
+_WORKER_SCHEMES = tuple(
+    f"{engine}{scheme}" for engine in ("", "vllm+", "sglang+") for scheme in ("http://", "https://")
+)
+
+
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
@@ -381,8 +394,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     # Gateway OS processes sharing the port, each with its own event loop; /metrics adds them up.
     processes: int = Field(1, ge=1, le=64)
-    # SGLang worker base URLs (static discovery). None here and discovery.mode static: the
-    # embedded default (emulated workers).
+    # Worker base URLs (static discovery); vllm+http://host:port (or sglang+http://) names a
+    # worker's engine (workers.engine). None here and discovery.mode static: the embedded
+    # default (emulated workers).
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # How a request's worker is picked among those with room.
     policy: PolicyName = "least_inflight"
@@ -463,8 +477,11 @@ class Settings(BaseSettings):
     def _check_urls(cls, urls: list[str]) -> list[str]:
         cleaned = []
         for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"worker URL {url!r} must start with http:// or https://")
+            if not url.startswith(_WORKER_SCHEMES):
+                raise ValueError(
+                    f"worker URL {url!r} must start with http:// or https:// (or name its "
+                    "engine: vllm+http://, sglang+http://)"
+                )
             cleaned.append(url.rstrip("/"))
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("worker URLs must be distinct")

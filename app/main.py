@@ -120,7 +120,7 @@ def create_app(
         clock=clock,
         rng=rng,
     )
-    health = HealthChecker(pool, client, settings.health)
+    health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
     limiter = make_limiter(
         settings.limits, clock, on_store_error=lambda: metrics.record_limit_store_error("requests")

@@ -74,11 +74,12 @@ async def handle_generate(
                 )
         check_grammars(subs)
     except RequestError as exc:
-        body = render.error_body(exc.message, exc.err_type, exc.status)
+        body = render.error_body(exc.message, exc.err_type, exc.status, vllm=worker.config.vllm)
         await respond_json(send, exc.status, body)
         return
     except ValueError as exc:  # bad JSON / body
-        await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        body = render.error_body(str(exc), "BadRequestError", 400, vllm=worker.config.vllm)
+        await respond_json(send, 400, body)
         return
     except (TypeError, AttributeError, KeyError, IndexError) as exc:
         # A body shape the checks above missed: still the request's fault, never a 500 (which
@@ -136,7 +137,7 @@ async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | Non
     first = sessions[0]
     if faults.should_fail(worker.rng):
         status = faults.fail_status or 500
-        body = render.error_body("Injected failure.", str(status), status)
+        body = render.error_body("Injected failure.", str(status), status, vllm=worker.config.vllm)
         for session in sessions:
             session.finish("fail_status")
         await respond_json(send, status, body)
@@ -220,13 +221,14 @@ async def _non_stream(worker: Worker, sessions: list[Session], send: Send) -> st
             message["tool_calls"] = [
                 {"id": call_id, "index": 0, "type": "function", "function": function}
             ]
-        meta = session.meta_info() if req.return_meta_info else None
+        # vLLM has no meta_info (it ignores SGLang's return_meta_info).
+        meta = session.meta_info() if req.return_meta_info and not worker.config.vllm else None
         lp = logprobs.chat(lps) if req.logprobs else None
         picked.append(
             render.chat_choice(index, message, gen.finish_reason, gen.matched_stop, meta, lp)
         )
     respond = render.completion_response if req.kind == "completion" else render.chat_response
-    out = respond(first.rid, first.created, req.model, picked, use)
+    out = respond(first.rid, first.created, req.model, picked, use, vllm=worker.config.vllm)
     for session in sessions:
         session.finish()  # the record is written before the client sees the response
     await respond_json(send, 200, out)

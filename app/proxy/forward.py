@@ -122,8 +122,17 @@ class Proxy:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, worker: Worker, rid: str) -> None:
+        """Abort an attempt on its worker through the worker's engine (SGLang: a call; vLLM:
+        nothing to send, the attempt's closed connection is the abort)."""
+        engine = worker.engine
+        if engine is not None and not engine.abort_by_call:
+            return
         self._metrics.record_abort()
-        if not await self._client.abort(worker, rid):
+        if engine is None:  # not yet admitted: SGLang's call, as before engines
+            acknowledged = await self._client.abort(worker, rid)
+        else:
+            acknowledged = await engine.abort(self._client, worker, rid)
+        if not acknowledged:
             log.info("abort of %s on %s was not acknowledged", rid, worker.name)
 
     def now(self) -> float:

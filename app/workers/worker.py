@@ -1,13 +1,17 @@
-"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load,
-and the capacity it reports."""
+"""One worker (SGLang or vLLM) as the gateway sees it: identity, engine, health, in-flight
+requests, last load, and the capacity it reports."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from app.workers.breaker import BreakerState, CircuitBreaker
+
+if TYPE_CHECKING:
+    from app.workers.engines import Engine, EngineName
 
 
 class WorkerState(enum.Enum):
@@ -19,7 +23,8 @@ class WorkerState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
-    """The worker's own view, polled from ``/v1/loads?include=core,spec``."""
+    """The worker's own view, polled through its engine (SGLang's ``/v1/loads?include=core,spec``,
+    vLLM's ``/metrics``)."""
 
     running: int = 0
     waiting: int = 0
@@ -84,11 +89,24 @@ class Worker:
     context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     accept: Acceptance = field(default_factory=Acceptance)
+    # The engine it runs (``app.workers.engines``): settled when it is admitted; None before.
+    engine: Engine | None = None
+    # The engine its URL names (``vllm+http://...``), which no detection overrides.
+    engine_pin: EngineName | None = None
 
     def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
+        from app.workers.engines import split_engine_url
+
+        pin, url = split_engine_url(self.url)
+        self.engine_pin = pin or self.engine_pin
+        self.url = url.rstrip("/")
         if not self.name:
             self.name = stable_name(self.url)
+
+    @property
+    def engine_name(self) -> str:
+        """``sglang``, ``vllm``, or ``unknown`` before it was admitted."""
+        return self.engine.name if self.engine is not None else (self.engine_pin or "unknown")
 
     @property
     def routable(self) -> bool:
