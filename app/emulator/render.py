@@ -13,6 +13,7 @@ With ``vllm=True`` the same content comes in vLLM's shape (``app.emulator.vllm``
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import orjson
@@ -86,7 +87,8 @@ class ChatChunks:
         *,
         vllm: bool = False,
     ) -> None:
-        self._head = {"id": rid, "object": "chat.completion.chunk", "created": created}
+        chunk_id = vllm_id("chatcmpl-") if vllm else rid
+        self._head = {"id": chunk_id, "object": "chat.completion.chunk", "created": created}
         self._model = model
         self.tools_active = tools_active
         self.index = index
@@ -182,7 +184,13 @@ class CompletionChunks:
     def __init__(
         self, rid: str, created: int, model: str, index: int = 0, *, vllm: bool = False
     ) -> None:
-        self._head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        head_id = vllm_id("cmpl-") if vllm else rid
+        self._head = {
+            "id": head_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+        }
         self.index = index
         self.vllm = vllm
 
@@ -294,6 +302,12 @@ def completion_response(
     }
 
 
+def vllm_id(prefix: str) -> str:
+    """An id as vLLM's OpenAI server makes it: the route's prefix and a random uuid (it never sees
+    SGLang's ``rid``), so the gateway cannot tie a vLLM answer to its attempt by id."""
+    return prefix + uuid.uuid4().hex
+
+
 def _vllm_document(
     kind: str,
     rid: str,
@@ -302,9 +316,9 @@ def _vllm_document(
     choices: list[dict[str, Any]],
     use: dict[str, Any],
 ) -> dict[str, Any]:
-    """vLLM's response document: its choice shape, no SGLang ``metadata``."""
+    """vLLM's response document: its choice shape, no SGLang ``metadata``, its own id."""
     return {
-        "id": rid,
+        "id": vllm_id("chatcmpl-" if kind == "chat.completion" else "cmpl-"),
         "object": kind,
         "created": created,
         "model": model,

@@ -358,7 +358,7 @@ class Proxy:
                         headers,
                         sent=attempt.sent,
                         # An answer that cannot be checked for its rid: where no stray can wait.
-                        fresh=not checkable(request),
+                        fresh=not checkable(request, worker),
                     )
                 )
                 if request.stream:

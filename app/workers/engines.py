@@ -137,6 +137,10 @@ class Engine(Protocol):
     # Aborts are calls to the worker (counted as dflash_gateway_aborts_sent_total); False: the
     # closed connection is the abort and ``abort`` sends nothing.
     abort_by_call: bool
+    # Its answers carry the attempt's rid as their id (SGLang), so a stray answer on a pooled
+    # connection is recognised (``app.proxy.relay.checkable``); False: its requests go on a new
+    # connection each.
+    answers_by_rid: bool
 
     async def healthy(self, client: UpstreamClient, worker: Worker, timeout: float) -> bool: ...  # noqa: ASYNC109
 
@@ -165,6 +169,7 @@ class SGLangEngine:
 
     name: EngineName = "sglang"
     abort_by_call = True
+    answers_by_rid = True
 
     async def healthy(self, client: UpstreamClient, worker: Worker, timeout: float) -> bool:  # noqa: ASYNC109
         return await _health(client, worker, timeout)
@@ -252,6 +257,7 @@ class VLLMEngine:
 
     name: EngineName = "vllm"
     abort_by_call = False
+    answers_by_rid = False  # its ids are "chatcmpl-" + its own uuid
 
     def __init__(
         self, default_max_num_seqs: int, clock: Callable[[], float] = time.monotonic
