@@ -137,6 +137,35 @@ class TimeoutConfig(_Section):
     worker_keepalive_s: float = Field(4.0, gt=0)
 
 
+# Client headers ``limits.forward_headers`` cannot name: credentials, what the gateway sets itself,
+# framing, encodings (a body with a Content-Encoding is refused) and hop-by-hop headers (RFC 9110
+# §7.6.1).
+_NEVER_FORWARDED = frozenset(
+    {
+        "authorization",
+        "x-api-key",
+        "cookie",
+        "proxy-authorization",
+        "host",
+        "content-length",
+        "content-type",
+        "content-encoding",
+        "transfer-encoding",
+        "accept-encoding",
+        "x-request-id",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "upgrade",
+        "expect",
+    }
+)
+
+
 class LimitsConfig(_Section):
     """What one request may ask for, and the per-key request limits."""
 
@@ -174,6 +203,15 @@ class LimitsConfig(_Section):
     # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
     # Other unknown fields are dropped. Comma-separated in the environment.
     extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    # Client headers forwarded to workers besides traceparent, tracestate, baggage and
+    # X-Emulator-Profile (app/proxy/headers.py); every other client header stays at the gateway.
+    # Credentials, framing and hop-by-hop headers cannot be named. Comma-separated in the env.
+    forward_headers: Annotated[tuple[str, ...], NoDecode] = ()
+    # Media URLs (image_url, video_url, audio_url parts; Anthropic image url sources) allowed
+    # besides data: and https: to public hosts (app/proxy/media.py): schemes ("http:", "file:"),
+    # hosts ("images.corp", "*.corp.example"), addresses or networks ("10.1.0.0/16"), or "*"
+    # for any URL. A URL outside them is a 400. Comma-separated in the environment.
+    image_url_allow: Annotated[tuple[str, ...], NoDecode] = ()
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     # Requests a key may send at once above its sustained rate (the size of its token bucket).
@@ -183,10 +221,29 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
-    @field_validator("extra_fields", mode="before")
+    @field_validator("extra_fields", "forward_headers", "image_url_allow", mode="before")
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
         return _split_csv(value)
+
+    @field_validator("image_url_allow")
+    @classmethod
+    def _check_image_urls(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        from app.proxy.media import image_policy
+
+        image_policy(entries)  # a ValueError names a bad entry
+        return entries
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _check_headers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        lowered = tuple(name.strip().lower() for name in names)
+        for name in lowered:
+            if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name):
+                raise ValueError(f"{name!r} is not a header name")
+            if name in _NEVER_FORWARDED:
+                raise ValueError(f"the {name} header is never forwarded to workers")
+        return lowered
 
     @field_validator("extra_fields")
     @classmethod
@@ -242,6 +299,14 @@ class WorkersConfig(_Section):
     # (SGLang ignores it then, or refuses it with --abort-on-priority-when-disabled). The chart
     # sets both together (workers.priorityScheduling).
     priority_scheduling: bool = False
+    # The workers' serving engine: auto detects each worker's when it is admitted (SGLang answers
+    # /server_info; vLLM answers /version and /metrics with vllm: series); sglang or vllm fixes
+    # it. A worker URL written vllm+http://host:port (or sglang+http://) overrides it per worker.
+    engine: Literal["auto", "sglang", "vllm"] = "auto"
+    # A vLLM worker's capacity (its --max-num-seqs) when it does not report one (vLLM reports it
+    # only in /server_info, served with VLLM_SERVER_DEV_MODE=1). admission.per_worker_cap
+    # overrides it as it does SGLang's reported limit.
+    vllm_max_num_seqs: int = Field(256, ge=1)
 
 
 class DiscoveryConfig(_Section):
@@ -306,6 +371,11 @@ class EmbeddedConfig(_Section):
     model: str = DEFAULT_MODEL
 
 
+_WORKER_SCHEMES = tuple(
+    f"{engine}{scheme}" for engine in ("", "vllm+", "sglang+") for scheme in ("http://", "https://")
+)
+
+
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
@@ -330,8 +400,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     # Gateway OS processes sharing the port, each with its own event loop; /metrics adds them up.
     processes: int = Field(1, ge=1, le=64)
-    # SGLang worker base URLs (static discovery). None here and discovery.mode static: the
-    # embedded default (emulated workers).
+    # Worker base URLs (static discovery); vllm+http://host:port (or sglang+http://) names a
+    # worker's engine (workers.engine). None here and discovery.mode static: the embedded
+    # default (emulated workers).
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # How a request's worker is picked among those with room.
     policy: PolicyName = "least_inflight"
@@ -412,8 +483,11 @@ class Settings(BaseSettings):
     def _check_urls(cls, urls: list[str]) -> list[str]:
         cleaned = []
         for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"worker URL {url!r} must start with http:// or https://")
+            if not url.startswith(_WORKER_SCHEMES):
+                raise ValueError(
+                    f"worker URL {url!r} must start with http:// or https:// (or name its "
+                    "engine: vllm+http://, sglang+http://)"
+                )
             cleaned.append(url.rstrip("/"))
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("worker URLs must be distinct")

@@ -11,6 +11,7 @@ from app.config import Settings
 from app.limits import Limiter
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
+from app.proxy.headers import FORWARDED
 from app.tenants.quota import TokenQuotas
 from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
@@ -36,4 +37,5 @@ class Gateway:
     draining: bool = False  # SIGTERM received: not ready (new requests served a little longer)
     accepting: bool = True  # False once the drain window closed: new requests get 503
     tracer: Tracing | None = None  # OpenTelemetry traces; None while tracing is off
+    forward_headers: frozenset[bytes] = FORWARDED  # client headers that reach a worker
     responses: ResponseStore | None = None  # stored /v1/responses answers, when configured

@@ -7,17 +7,21 @@ gives the request rate's ``Budget`` for the rate-limit headers (``app.tenants.he
 rate per minute, the whole requests left in the bucket, and the seconds until it is full. The
 in-process backend limits each gateway process on its own; the Redis backend shares the limits
 across gateway replicas and processes, with the bucket updated atomically in a Lua script on the
-Redis server's clock. If Redis cannot be reached the request is let through: a limiter outage must
-not become a gateway outage. ``StoreErrors`` counts each such failure and logs them at most every
-few seconds, not once per request.
+Redis server's clock, and the requests in flight counted as leases that expire unless renewed
+(a replica that dies holding some leaks them only briefly). If Redis cannot be reached the
+request is let through: a limiter outage must not become a gateway outage. ``StoreErrors``
+counts each such failure and logs them at most every few seconds, not once per request.
 
 ``make_limiter`` picks the backend from ``LimitsConfig``; None when no per-key limit is set.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -210,13 +214,32 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 return {wait, math.floor(tokens * 1000)}
 """
 
-# KEYS[1] counter; ARGV limit, ttl ms. Returns 1 when admitted.
+# Concurrency leases: KEYS[1] a sorted set of lease ids scored by their expiry (ms since the
+# epoch, on the Redis server's clock). The set itself expires with its last lease.
+# Acquire: ARGV limit, ttl ms, lease id. Expired leases are dropped before counting. Returns 1
+# when admitted (the lease added), 0 when the key already holds ``limit`` live leases.
 _ACQUIRE_LUA = """
-local n = tonumber(redis.call('GET', KEYS[1]) or '0')
-if n >= tonumber(ARGV[1]) then return 0 end
-redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], last[2])
 return 1
+"""
+# Renew: ARGV ttl ms, then the lease ids this replica holds; each one still there expires ttl
+# from now (one that already expired is not brought back). Returns how many were renewed.
+_RENEW_LUA = """
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local renewed = 0
+for i = 2, #ARGV do
+  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', expiry, ARGV[i])
+end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('PEXPIREAT', KEYS[1], last[2]) end
+return renewed
 """
 
 
@@ -231,10 +254,14 @@ def redis_store(url: str, timeout_s: float) -> tuple[Any, tuple[type[Exception],
 
 
 class RedisLimiter:
-    """Limits shared by every gateway replica through one Redis. A replica that dies holding
-    concurrency slots leaks them only until the counter's TTL (``lease_ttl_s``) expires. Every
-    Redis call is bounded by ``timeout_s``; on any Redis error the request is admitted (and the
-    failure reported to ``errors``)."""
+    """Limits shared by every gateway replica through one Redis. Each request in flight holds a
+    lease of its own in the key's sorted set (``inflight:<key>``), scored by when it expires:
+    ``lease_ttl_s`` after it was taken, pushed on every ``lease_ttl_s / 3`` while the request
+    runs (one Redis call per key for all of this process's leases). The slot count is the
+    leases not yet expired, so a replica killed with requests in flight leaks their slots for
+    ``lease_ttl_s`` at most, however busy the key stays. Every Redis call is bounded by
+    ``timeout_s``; on any Redis error the request is admitted (and the failure reported to
+    ``errors``)."""
 
     def __init__(
         self,
@@ -242,7 +269,7 @@ class RedisLimiter:
         limits: KeyLimits,
         *,
         prefix: str = "dflash-gateway",
-        lease_ttl_s: float = 3600.0,
+        lease_ttl_s: float = 60.0,
         timeout_s: float = 0.5,
         errors: StoreErrors | None = None,
     ) -> None:
@@ -250,17 +277,26 @@ class RedisLimiter:
         self._report = errors or StoreErrors("rate-limit")
         self._limits = limits
         self._prefix = prefix
-        self._ttl_ms = int(lease_ttl_s * 1000)
+        self._ttl_ms = max(1, int(lease_ttl_s * 1000))
+        self._renew_s = lease_ttl_s / 3
         self._bucket = self._redis.register_script(_BUCKET_LUA)
         self._acquire = self._redis.register_script(_ACQUIRE_LUA)
+        self._renew = self._redis.register_script(_RENEW_LUA)
+        self._leases: dict[str, dict[str, None]] = {}  # set name -> this process's lease ids
+        self._renewer: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
         await self._redis.aclose()
 
-    async def _call(self, what: str, call: Any, **kwargs: Any) -> Any:
+    async def _call(self, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         """The Redis call's result, or None when Redis failed (reported: the request goes on)."""
         try:
-            return await call(**kwargs)
+            return await call(*args, **kwargs)
         except self._errors as exc:
             self._report(what, exc)
             return None
@@ -282,14 +318,42 @@ class RedisLimiter:
         wait_ms, milli_tokens = answer
         return int(wait_ms) / 1000, limits.budget(int(milli_tokens) / 1000)
 
+    def _keep(self, name: str, lease: str) -> None:
+        self._leases.setdefault(name, {})[lease] = None
+        if self._renewer is None:
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases())
+
+    def _drop(self, name: str, lease: str) -> None:
+        held = self._leases.get(name)
+        if held is not None:
+            held.pop(lease, None)
+            if not held:
+                del self._leases[name]
+
+    async def _renew_leases(self) -> None:
+        """Push the expiry of every lease this process holds, every ``lease_ttl_s / 3``."""
+        while True:
+            await asyncio.sleep(self._renew_s)
+            for name, held in list(self._leases.items()):
+                if not held:
+                    continue
+                try:
+                    await self._call("renew", self._renew, keys=[name], args=[self._ttl_ms, *held])
+                except Exception:  # a bug must not end the renewals of every later lease
+                    log.exception("renewing the concurrency leases of %s failed", name)
+
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[Budget | None]:
         limits = self._limits
-        counter = f"{self._prefix}:inflight:{key}"
-        counted = False
+        name = f"{self._prefix}:inflight:{key}"
+        lease: str | None = None
         if limits.max_concurrent is not None:
+            lease = secrets.token_hex(12)
             admitted = await self._call(
-                "acquire", self._acquire, keys=[counter], args=[limits.max_concurrent, self._ttl_ms]
+                "acquire",
+                self._acquire,
+                keys=[name],
+                args=[limits.max_concurrent, self._ttl_ms, lease],
             )
             if admitted is not None and not admitted:
                 looked = await self._take(key, 0)
@@ -299,7 +363,10 @@ class RedisLimiter:
                     f"(limit {limits.max_concurrent})",
                     None if looked is None else looked[1],
                 )
-            counted = admitted is not None
+            if admitted is None:
+                lease = None
+            else:
+                self._keep(name, lease)
         try:
             taken = await self._take(key, 1)
             if taken is not None and taken[0]:
@@ -310,5 +377,6 @@ class RedisLimiter:
                 )
             yield None if taken is None else taken[1]
         finally:
-            if counted:
-                await self._call("release", self._redis.decr, name=counter)
+            if lease is not None:
+                self._drop(name, lease)
+                await self._call("release", self._redis.zrem, name, lease)

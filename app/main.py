@@ -31,6 +31,7 @@ from app.limits import make_limiter
 from app.metrics import Metrics
 from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
+from app.proxy.headers import forwarded
 from app.proxy.ingress import serve_entry
 from app.responses.store import make_store
 from app.routing.policies import make_policy
@@ -119,7 +120,7 @@ def create_app(
         clock=clock,
         rng=rng,
     )
-    health = HealthChecker(pool, client, settings.health)
+    health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
     limiter = make_limiter(
         settings.limits, clock, on_store_error=lambda: metrics.record_limit_store_error("requests")
@@ -140,6 +141,7 @@ def create_app(
         quota=quota,
         access=access,
         tracer=make_tracing(settings.tracing, clock=clock, exporter=span_exporter),
+        forward_headers=forwarded(settings.limits.forward_headers),
         responses=make_store(settings.responses, settings.limits.redis_url),
     )
 

@@ -50,6 +50,7 @@ import msgspec
 import orjson
 
 from app.errors import InvalidRequest
+from app.proxy.media import DEFAULT_POLICY, ImagePolicy, check_image_url
 
 # The fields translated (the rest are dropped); count_tokens reads the first six.
 COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
@@ -154,9 +155,16 @@ def _too_deep(body: dict[str, Any], limit: int) -> str | None:
     return None
 
 
-def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = False) -> Translated:
+def translate(
+    body: dict[str, Any],
+    *,
+    max_messages: int,
+    count_only: bool = False,
+    images: ImagePolicy = DEFAULT_POLICY,
+) -> Translated:
     """The chat body for Messages request ``body``; ``InvalidRequest`` (400) for a body
-    Anthropic's API would refuse. ``count_only``: a count_tokens body (no ``max_tokens``)."""
+    Anthropic's API would refuse. ``count_only``: a count_tokens body (no ``max_tokens``).
+    ``images``: the image URLs a ``url`` source may name (``app.proxy.media``)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
@@ -171,7 +179,7 @@ def translate(body: dict[str, Any], *, max_messages: int, count_only: bool = Fal
     if system:
         out.append({"role": "system", "content": system})
     for i, message in enumerate(messages):
-        _turn(message, i, out)
+        _turn(message, i, out, images)
     _context_management(body.get("context_management"), out)
     chat["messages"] = out
     if not count_only:
@@ -220,7 +228,7 @@ def _text(block: dict[str, Any], where: str) -> str:
     return text
 
 
-def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _image(block: dict[str, Any], where: str, images: ImagePolicy) -> dict[str, Any]:
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64" and isinstance(source, dict):
@@ -228,11 +236,12 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
         if isinstance(media, str) and isinstance(data, str):
             return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
     elif kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        check_image_url(source["url"], images, f"{where}.source.url")
         return {"type": "image_url", "image_url": {"url": source["url"]}}
     raise _fail(f"{where}: an image needs a base64 or url source", where)
 
 
-def _turn(message: Any, i: int, out: list[dict[str, Any]]) -> None:
+def _turn(message: Any, i: int, out: list[dict[str, Any]], images: ImagePolicy) -> None:
     where = f"messages.{i}"
     if not isinstance(message, dict):
         raise _fail(f"{where}: must be an object", where)
@@ -251,7 +260,7 @@ def _turn(message: Any, i: int, out: list[dict[str, Any]]) -> None:
     elif role == "system":
         _system_turn(content, where, out)
     else:
-        _user(content, where, out)
+        _user(content, where, out, images)
 
 
 def _system_turn(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
@@ -306,7 +315,7 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     return message
 
 
-def _user(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
+def _user(blocks: list[Any], where: str, out: list[dict[str, Any]], images: ImagePolicy) -> None:
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         at = f"{where}.content.{j}"
@@ -314,12 +323,12 @@ def _user(blocks: list[Any], where: str, out: list[dict[str, Any]]) -> None:
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, at)})
         elif kind == "image":
-            parts.append(_image(block, at))
+            parts.append(_image(block, at, images))
         elif kind == "tool_result":
             if parts:  # what came before the result goes before it
                 out.append({"role": "user", "content": _content(parts)})
                 parts = []
-            out.append(_tool_result(block, at))
+            out.append(_tool_result(block, at, images))
         elif kind == "document" and _is_text_document(block):
             parts.append({"type": "text", "text": block["source"]["data"]})
         else:
@@ -337,7 +346,7 @@ def _is_text_document(block: dict[str, Any]) -> bool:
     )
 
 
-def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
+def _tool_result(block: dict[str, Any], at: str, images: ImagePolicy) -> dict[str, Any]:
     """The ``tool`` message for a ``tool_result`` block (text, or text and image parts)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str):
@@ -355,7 +364,7 @@ def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
                 if text:
                     parts.append({"type": "text", "text": text})
             elif kind == "image":
-                parts.append(_image(item, f"{at}.content.{k}"))
+                parts.append(_image(item, f"{at}.content.{k}", images))
             else:
                 raise _fail(f"{at}.content.{k}.type: {kind!r} is not accepted here", at)
         result = _content(parts) if parts else ""

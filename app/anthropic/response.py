@@ -98,7 +98,7 @@ def to_message(doc: dict[str, Any], model: str, *, omit_thinking: bool = False) 
         raise _malformed("choices")
     message = choice["message"]
     content: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content")
+    reasoning = message.get("reasoning_content") or message.get("reasoning")  # SGLang / vLLM
     text = message.get("content")
     calls = message.get("tool_calls") or []
     if not isinstance(reasoning, str | None) or not isinstance(text, str | None):
@@ -125,7 +125,8 @@ def to_message(doc: dict[str, Any], model: str, *, omit_thinking: bool = False) 
                 "input": tool_input(function.get("arguments")),
             }
         )
-    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("matched_stop"))
+    matched = choice.get("matched_stop", choice.get("stop_reason"))  # SGLang / vLLM
+    reason, sequence = stop_reason(choice.get("finish_reason"), matched)
     return {
         "id": message_id(doc.get("id")),
         "type": "message",

@@ -27,6 +27,7 @@ from app.anthropic.stream import MessagesStream
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.proxy.ingress import Entry
+from app.proxy.media import image_policy
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER
@@ -96,7 +97,8 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
     count = path == COUNT_ROUTE
-    translated = translate(body, max_messages=limits.max_messages, count_only=count)
+    images = image_policy(limits.image_url_allow)
+    translated = translate(body, max_messages=limits.max_messages, count_only=count, images=images)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
         gw.metrics.record_dropped_fields(path)

@@ -9,8 +9,9 @@ takes the worker's bytes and returns the client's. Its grammar::
     message_stop
 
 with ``event: ping`` wherever the gateway's keep-alive falls (``app.anthropic.shape``). One
-block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``; none when
-the client asked for the thinking to be omitted: the block stays empty), ``text``
+block is open at a time: ``thinking`` (``thinking_delta`` from ``reasoning_content``, or vLLM's
+``reasoning``; none when the client asked for the thinking to be omitted: the block stays
+empty), ``text``
 (``text_delta`` from ``content``) or ``tool_use`` (opened by a tool call's id or name, its
 arguments as ``input_json_delta``); a change of kind closes the open block. The worker's first
 chat chunk becomes ``message_start`` (the commit point); its usage chunk (the gateway always
@@ -184,7 +185,8 @@ class MessagesStream(StreamState):
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             raise _malformed("delta")
-        reasoning = delta.get("reasoning_content")
+        # SGLang's reasoning_content; vLLM's reasoning (newer) or both (the same text).
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         text = delta.get("content")
         calls = delta.get("tool_calls") or []
         if not isinstance(reasoning, str | None) or not isinstance(text, str | None):
@@ -202,7 +204,8 @@ class MessagesStream(StreamState):
             self._tool_call(call, out)
         if choice.get("finish_reason") is not None:
             self._finish = choice["finish_reason"]
-            self._matched = choice.get("matched_stop")
+            # SGLang's matched_stop; vLLM's stop_reason (the matched stop string, or None).
+            self._matched = choice.get("matched_stop", choice.get("stop_reason"))
 
     def _start(self, obj: dict[str, Any]) -> bytes:
         message: dict[str, Any] = {

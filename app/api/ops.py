@@ -71,6 +71,7 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
             {
                 "name": w.name,
                 "url": w.url,
+                "engine": w.engine_name,
                 "state": w.state.value,
                 "routable": w.routable,
                 "breaker": w.breaker.state.name.lower(),

@@ -1,7 +1,9 @@
-"""``create_emulator_app(config)``: the emulated SGLang DFLASH worker as an ASGI application.
+"""``create_emulator_app(config)``: the emulated SGLang (or vLLM: ``config.engine``) DFLASH worker
+as an ASGI application.
 
 Routes (method, path) -> handler; unknown paths answer 404 and wrong methods 405 with FastAPI's
-``{"detail": ...}`` body, as SGLang's server does.
+``{"detail": ...}`` body, as both servers do. A vLLM worker has its own route table (no
+``/v1/loads``, ``/abort_request``, ...: ``app.emulator.vllm``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from app.emulator import control, counting, ops
+from app.emulator import control, counting, ops, vllm
 from app.emulator.asgi import Receive, Scope, Send, header, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
@@ -46,6 +48,25 @@ def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
     }
 
 
+def _vllm_routes(replay: ReplayBook | None, dev_mode: bool) -> dict[str, dict[str, Handler]]:
+    """vLLM's OpenAI server: generation, models, health, version, metrics, server info in dev
+    mode only (and the emulator's own control endpoints)."""
+    routes: dict[str, dict[str, Handler]] = {
+        "/v1/chat/completions": {"POST": partial(_generate, replay, "chat")},
+        "/v1/completions": {"POST": partial(_generate, replay, "completion")},
+        "/v1/models": {"GET": ops.models},
+        "/health": {"GET": ops.health},
+        "/version": {"GET": vllm.version},
+        "/metrics": {"GET": ops.metrics},
+        "/emulator/faults": {"GET": control.get_faults, "POST": control.set_faults},
+        "/emulator/gate": {"GET": control.get_gate, "POST": control.set_gate},
+        "/emulator/stats": {"GET": control.get_stats, "DELETE": control.reset_stats},
+    }
+    if dev_mode:
+        routes["/server_info"] = {"GET": vllm.server_info}
+    return routes
+
+
 async def _generate(
     replay: ReplayBook | None, kind: str, worker: Worker, scope: Scope, receive: Receive, send: Send
 ) -> None:
@@ -69,7 +90,12 @@ class EmulatorApp:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self._routes = _routes(ReplayBook(worker) if worker.config.replay else None)
+        replay = ReplayBook(worker) if worker.config.replay else None
+        self._routes = (
+            _vllm_routes(replay, worker.config.vllm_dev_mode)
+            if worker.config.vllm
+            else _routes(replay)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -64,7 +64,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="multiply every profile's acceptance length by F (floor 1): a drafter that no "
         "longer matches its target; 0.28 gives ~1.3 (default 1.0)",
     )
-    p.add_argument("--max-running-requests", type=int, default=48, help="running cap (default 48)")
+    p.add_argument(
+        "--max-running-requests",
+        "--max-num-seqs",
+        type=int,
+        default=48,
+        help="running cap (default 48; vLLM calls it --max-num-seqs)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("sglang", "vllm"),
+        default="sglang",
+        help="the server to emulate: SGLang (default) or vLLM (its routes, chunks and metrics)",
+    )
+    p.add_argument(
+        "--vllm-dev-mode",
+        action="store_true",
+        help="with --engine vllm: serve /server_info (max_num_seqs), as VLLM_SERVER_DEV_MODE=1",
+    )
     p.add_argument(
         "--max-queued-requests",
         type=int,
@@ -169,6 +186,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         prefill_per_token_s=args.prefill_per_token_s,
         step_time_scale=args.step_time_scale,
         accept_scale=args.accept_scale,
+        engine=args.engine,
+        vllm_dev_mode=args.vllm_dev_mode,
         faults=faults,
     )
 

@@ -16,6 +16,12 @@ valid against the schema (``app.emulator.schema``), or a match of the ``regex`` 
 JSON answer: ``serving_chat.py`` ``_tool_call_parsing_active``). With ``logprobs`` each step also
 lists its tokens' log-probabilities (``app.emulator.logprobs``).
 
+Grammar-made text (a constrained answer, a tool call's arguments) is bounded by a ``Budget``
+(``app.emulator.grammar``): ``check_expansion`` makes each request's text once, with a fixed seed,
+before the request is admitted (past the budget: ``GrammarError``, answered 400); a generation
+whose own draw runs past it later takes that checked text instead. So no request makes the
+worker's event loop do more than a bounded amount of work in one step.
+
 Tool calls: when ``tools`` are given and ``tool_choice`` is ``"required"`` or names a function, or
 is ``"auto"``/unset and the user's own text in the last user turn names a tool as a whole word
 (case-sensitive), the answer is a call to that tool (the first of ``tools`` so named, else, for
@@ -38,13 +44,14 @@ completion tokens; the prefix counts as prompt.
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from app.emulator.grammar import ebnf_text, regex_text
+from app.emulator.grammar import Budget, GrammarError, ebnf_text, regex_text
 from app.emulator.logprobs import LogprobSource, TokenLogprob
 from app.emulator.profiles import BLOCK_SIZE, AcceptanceModel
 from app.emulator.requests import GenRequest, Tool
@@ -243,12 +250,12 @@ class Generation:
             yield _HIDDEN, "<|tool_call_begin|>"
             yield _NAME, tool.name
             yield _HIDDEN, "<|tool_call_argument_begin|>"
-            for piece in split_pieces(_arguments(tool, req.last_user, rng)):
+            for piece in split_pieces(_checked(_tool_arguments, req, rng)):
                 yield _ARG, piece
             yield _HIDDEN, "<|tool_call_end|>"
             yield _HIDDEN, "<|tool_calls_section_end|>"
         elif req.constrained:
-            for piece in split_pieces(_constrained_answer(req, rng)):
+            for piece in split_pieces(_checked(_constrained_answer, req, rng)):
                 yield _C, piece
         else:
             pieces = prose(rng, flavour_words(profile))
@@ -278,12 +285,31 @@ def _chosen_tool(req: GenRequest) -> Tool | None:
 
 
 # An XML-tagged block (``<tag ...>...</tag>``): context a client added to the user's turn.
-_TAGGED = re.compile(r"<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>.*?</\1\s*>", re.DOTALL)
+# Found as its opening tag and the first closing tag of the same name after it, in one pass over
+# each (a single backtracking pattern costs quadratic time on many unclosed tags).
+_OPENING = re.compile(r"<([A-Za-z][\w.:-]*)(?:\s[^<>]*)?>")
+_CLOSING = re.compile(r"</([A-Za-z][\w.:-]*)\s*>")
 
 
 def own_text(turn: str) -> str:
-    """A user turn's text less its XML-tagged context blocks (see the module doc)."""
-    return _TAGGED.sub(" ", turn)
+    """A user turn's text less its XML-tagged context blocks (see the module doc), each one
+    replaced by a space: linear in the turn's length."""
+    if "</" not in turn:
+        return turn
+    closings: dict[str, list[tuple[int, int]]] = {}
+    for found in _CLOSING.finditer(turn):
+        closings.setdefault(found.group(1), []).append(found.span())
+    out: list[str] = []
+    at = 0
+    for found in _OPENING.finditer(turn):
+        spans = closings.get(found.group(1))
+        if found.start() < at or not spans:
+            continue
+        k = bisect.bisect_left(spans, (found.end(), -1))
+        if k < len(spans):
+            out += (turn[at : found.start()], " ")
+            at = spans[k][1]
+    return "".join(out) + turn[at:] if out else turn
 
 
 def _names(text: str, name: str) -> bool:
@@ -299,23 +325,53 @@ def _names(text: str, name: str) -> bool:
     return False
 
 
-def _constrained_answer(req: GenRequest, rng: random.Random) -> str:
+_CHECK_SEED = 0
+
+
+def check_expansion(req: GenRequest, budget: Budget | None = None) -> None:
+    """Make the grammar-made text ``req`` will answer with (a constrained answer or a tool
+    call's arguments) once, with the fixed seed a generation falls back on; a ``GrammarError``
+    when it cannot be made or takes more than ``budget`` (shared by the choices of a request)."""
+    rng = random.Random(_CHECK_SEED)
+    if _chosen_tool(req) is not None:
+        _tool_arguments(req, rng, budget)
+    elif req.constrained:
+        _constrained_answer(req, rng, budget)
+
+
+def _checked(
+    make: Callable[[GenRequest, random.Random, Budget | None], str],
+    req: GenRequest,
+    rng: random.Random,
+) -> str:
+    """``make``'s text from this generation's ``rng``; when that runs past its budget, the
+    text ``check_expansion`` made (within it) from the fixed seed."""
+    try:
+        return make(req, rng, None)
+    except (GrammarError, RecursionError):
+        return make(req, random.Random(_CHECK_SEED), None)
+
+
+def _constrained_answer(req: GenRequest, rng: random.Random, budget: Budget | None) -> str:
     if req.json_schema is not None:
-        values = SchemaValues(req.json_schema, prompt_words(req.last_user), rng)
+        values = SchemaValues(req.json_schema, prompt_words(req.last_user), rng, budget)
         return json.dumps(values.value(req.json_schema), ensure_ascii=False)
     if req.regex is not None:
-        return regex_text(req.regex, rng)
+        return regex_text(req.regex, rng, budget)
     assert req.ebnf is not None
-    return ebnf_text(req.ebnf, rng)
+    return ebnf_text(req.ebnf, rng, budget)
 
 
-def _arguments(tool: Tool, prompt: str, rng: random.Random) -> str:
-    """Arguments for a call: the required properties (all when none are required)."""
+def _tool_arguments(req: GenRequest, rng: random.Random, budget: Budget | None) -> str:
+    """Arguments for a call of the chosen tool: the required properties (all when none are
+    required)."""
+    tool = _chosen_tool(req)
+    assert tool is not None
     props = tool.parameters.get("properties")
     required = tool.parameters.get("required")
     if not isinstance(props, dict):
         return "{}"
     names = [n for n in props if not isinstance(required, list) or n in required] or list(props)
-    values = SchemaValues(tool.parameters, prompt_words(prompt), rng)
+    values = SchemaValues(tool.parameters, prompt_words(req.last_user), rng, budget)
     args = {name: values.value(props[name]) for name in names}
     return json.dumps(args, ensure_ascii=False)

@@ -144,6 +144,7 @@ class EmulatorMetrics:
         completion_tokens: int,
         verify_steps: int,
         e2e_s: float,
+        finish_reason: str | None = None,  # vLLM counts requests by it; SGLang does not
     ) -> None:
         labels = {**self._tok, "is_streaming": "true" if stream else "false"}
         self.prompt_tokens.labels(**labels).inc(prompt_tokens)

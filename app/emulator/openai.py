@@ -12,6 +12,7 @@ under the first choice's id (``serving_chat.py`` ``_build_chat_response``,
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -28,12 +29,22 @@ from app.emulator.asgi import (
     watch_disconnect,
 )
 from app.emulator.engine import QueueFull
+from app.emulator.generation import check_expansion
+from app.emulator.grammar import Budget, GrammarError
 from app.emulator.logprobs import TokenLogprob
 from app.emulator.replay import ReplayBook, handle_replay
-from app.emulator.requests import RequestError, expand, parse_chat, parse_completion
+from app.emulator.requests import (
+    GenRequest,
+    RequestError,
+    expand,
+    parse_chat,
+    parse_completion,
+)
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
 from app.emulator.worker import CONTEXT_LEN, Worker
+
+log = logging.getLogger(__name__)
 
 _INBAND_MESSAGE = "The request was aborted by the worker."
 
@@ -61,12 +72,21 @@ async def handle_generate(
                     f"The input ({sub.prompt_tokens} tokens) is longer than the model's context "
                     f"length ({CONTEXT_LEN} tokens)."
                 )
+        check_grammars(subs)
     except RequestError as exc:
-        body = render.error_body(exc.message, exc.err_type, exc.status)
+        body = render.error_body(exc.message, exc.err_type, exc.status, vllm=worker.config.vllm)
         await respond_json(send, exc.status, body)
         return
     except ValueError as exc:  # bad JSON / body
-        await respond_json(send, 400, render.error_body(str(exc), "BadRequestError", 400))
+        body = render.error_body(str(exc), "BadRequestError", 400, vllm=worker.config.vllm)
+        await respond_json(send, 400, body)
+        return
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:
+        # A body shape the checks above missed: still the request's fault, never a 500 (which
+        # a gateway would count against this worker). Logged, to be checked explicitly.
+        log.warning("request body not understood", exc_info=True)
+        message = f"Invalid request: {type(exc).__name__}: {exc}"
+        await respond_json(send, 400, render.error_body(message, "BadRequestError", 400))
         return
     profile = header(scope, b"x-emulator-profile")
     request_id = header(scope, b"x-request-id")
@@ -89,13 +109,35 @@ async def handle_generate(
             session.finish(error)
 
 
+def check_grammars(subs: list[GenRequest]) -> None:
+    """The grammar-made text of every distinct prompt, within one ``Budget`` for the request
+    (``app.emulator.generation.check_expansion``); a grammar that cannot be read or expands past
+    it is a ``RequestError`` (400), like SGLang's grammar compile failures."""
+    if not subs[0].constrained and not subs[0].tools:
+        return
+    first = subs[0]
+    budget = Budget("ebnf" if first.ebnf else "regex" if first.regex else "json")
+    seen: set[str] = set()
+    try:
+        for sub in subs:
+            if sub.last_user not in seen:
+                seen.add(sub.last_user)
+                check_expansion(sub, budget)
+    except GrammarError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError(
+            f"Failed to compile {budget.kind} grammar: it nests too deeply."
+        ) from None
+
+
 async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | None:
     """Serve one request; returns the name of the fault that ended it, if any."""
     faults = worker.faults
     first = sessions[0]
     if faults.should_fail(worker.rng):
         status = faults.fail_status or 500
-        body = render.error_body("Injected failure.", str(status), status)
+        body = render.error_body("Injected failure.", str(status), status, vllm=worker.config.vllm)
         for session in sessions:
             session.finish("fail_status")
         await respond_json(send, status, body)
@@ -179,13 +221,14 @@ async def _non_stream(worker: Worker, sessions: list[Session], send: Send) -> st
             message["tool_calls"] = [
                 {"id": call_id, "index": 0, "type": "function", "function": function}
             ]
-        meta = session.meta_info() if req.return_meta_info else None
+        # vLLM has no meta_info (it ignores SGLang's return_meta_info).
+        meta = session.meta_info() if req.return_meta_info and not worker.config.vllm else None
         lp = logprobs.chat(lps) if req.logprobs else None
         picked.append(
             render.chat_choice(index, message, gen.finish_reason, gen.matched_stop, meta, lp)
         )
     respond = render.completion_response if req.kind == "completion" else render.chat_response
-    out = respond(first.rid, first.created, req.model, picked, use)
+    out = respond(first.rid, first.created, req.model, picked, use, vllm=worker.config.vllm)
     for session in sessions:
         session.finish()  # the record is written before the client sees the response
     await respond_json(send, 200, out)

@@ -32,7 +32,7 @@ def _card(worker: Worker, name: str) -> dict[str, Any]:
         "id": name,
         "object": "model",
         "created": int(worker.clock.time()),
-        "owned_by": "sglang",
+        "owned_by": "vllm" if worker.config.vllm else "sglang",
         "root": name,
         "parent": None,
         "max_model_len": CONTEXT_LEN,

@@ -6,17 +6,21 @@ Two chunk shapes exist in SGLang and both are reproduced: the msgspec fast path
 the pydantic ``ChatCompletionStreamResponse`` dump (every delta field, ``"usage": null``) for
 tool-call chunks, content chunks while tool parsing is active, usage chunks and all text
 completion chunks.
+
+With ``vllm=True`` the same content comes in vLLM's shape (``app.emulator.vllm``).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import orjson
 
 from app.emulator.asgi import SSE_HEADERS, Send, respond_json
 from app.emulator.generation import ToolDelta
+from app.emulator.vllm import to_vllm_choice, to_vllm_usage
 
 DONE = b"data: [DONE]\n\n"
 
@@ -25,8 +29,11 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def error_body(message: str, err_type: str, code: int) -> dict[str, Any]:
-    """SGLang's ``ErrorResponse`` (``{"object": "error", ...}``)."""
+def error_body(message: str, err_type: str, code: int, *, vllm: bool = False) -> dict[str, Any]:
+    """SGLang's ``ErrorResponse`` (``{"object": "error", ...}``); vLLM's nests it under
+    ``error`` (``{"error": {"message", "type", "param", "code"}}``)."""
+    if vllm:
+        return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
 
 
@@ -71,12 +78,29 @@ class ChatChunks:
     """Chunk bytes for one choice of a chat stream (``index``; ``rid`` is its request id)."""
 
     def __init__(
-        self, rid: str, created: int, model: str, tools_active: bool, index: int = 0
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        tools_active: bool,
+        index: int = 0,
+        *,
+        vllm: bool = False,
     ) -> None:
-        self._head = {"id": rid, "object": "chat.completion.chunk", "created": created}
+        chunk_id = vllm_id("chatcmpl-") if vllm else rid
+        self._head = {"id": chunk_id, "object": "chat.completion.chunk", "created": created}
         self._model = model
         self.tools_active = tools_active
         self.index = index
+        self.vllm = vllm
+
+    def _chunk(self, head: dict[str, Any], choice: dict[str, Any], use: Any) -> bytes:
+        if self.vllm:
+            chunk = {**head, "model": self._model, "choices": [to_vllm_choice(choice)]}
+            if use is not None:
+                chunk["usage"] = to_vllm_usage(use)
+            return sse(chunk)
+        return sse({**head, "model": self._model, "choices": [choice], "usage": use})
 
     def _fast(
         self,
@@ -95,6 +119,8 @@ class ChatChunks:
             "matched_stop": matched,
         }
         head = self._head if chunk_id is None else {**self._head, "id": chunk_id}
+        if self.vllm:
+            return self._chunk(head, choice, use)
         chunk = {**head, "model": self._model, "choices": [choice]}
         if use is not None:
             chunk["usage"] = use
@@ -109,7 +135,7 @@ class ChatChunks:
             "finish_reason": None,
             "matched_stop": None,
         }
-        return sse({**self._head, "model": self._model, "choices": [choice], "usage": use})
+        return self._chunk(self._head, choice, use)
 
     def role(self) -> bytes:
         delta = {"reasoning_content": None, "role": "assistant", "content": ""}
@@ -147,15 +173,26 @@ class ChatChunks:
 
     def usage(self, use: dict[str, Any], chunk_id: str | None = None) -> bytes:
         head = self._head if chunk_id is None else {**self._head, "id": chunk_id}
+        if self.vllm:
+            use = to_vllm_usage(use) or use
         return sse({**head, "model": self._model, "choices": [], "usage": use})
 
 
 class CompletionChunks:
     """Chunk bytes for one choice of a text-completion stream."""
 
-    def __init__(self, rid: str, created: int, model: str, index: int = 0) -> None:
-        self._head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    def __init__(
+        self, rid: str, created: int, model: str, index: int = 0, *, vllm: bool = False
+    ) -> None:
+        head_id = vllm_id("cmpl-") if vllm else rid
+        self._head = {
+            "id": head_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+        }
         self.index = index
+        self.vllm = vllm
 
     def text(
         self,
@@ -172,10 +209,16 @@ class CompletionChunks:
             "finish_reason": finish,
             "matched_stop": matched,
         }
+        if self.vllm:
+            return sse(
+                {**self._head, "choices": [to_vllm_choice(choice)], "usage": to_vllm_usage(use)}
+            )
         return sse({**self._head, "choices": [choice], "usage": use})
 
     def usage(self, use: dict[str, Any], chunk_id: str | None = None) -> bytes:
         head = self._head if chunk_id is None else {**self._head, "id": chunk_id}
+        if self.vllm:
+            use = to_vllm_usage(use) or use
         return sse({**head, "choices": [], "usage": use})
 
 
@@ -200,8 +243,16 @@ def chat_choice(
 
 
 def chat_response(
-    rid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    use: dict[str, Any],
+    *,
+    vllm: bool = False,
 ) -> dict[str, Any]:
+    if vllm:
+        return _vllm_document("chat.completion", rid, created, model, choices, use)
     return {
         "id": rid,
         "object": "chat.completion",
@@ -230,8 +281,16 @@ def completion_choice(
 
 
 def completion_response(
-    rid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    use: dict[str, Any],
+    *,
+    vllm: bool = False,
 ) -> dict[str, Any]:
+    if vllm:
+        return _vllm_document("text_completion", rid, created, model, choices, use)
     return {
         "id": rid,
         "object": "text_completion",
@@ -240,4 +299,31 @@ def completion_response(
         "choices": choices,
         "usage": use,
         "metadata": {"weight_version": "default"},
+    }
+
+
+def vllm_id(prefix: str) -> str:
+    """An id as vLLM's OpenAI server makes it: the route's prefix and a random uuid (it never sees
+    SGLang's ``rid``), so the gateway cannot tie a vLLM answer to its attempt by id."""
+    return prefix + uuid.uuid4().hex
+
+
+def _vllm_document(
+    kind: str,
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    use: dict[str, Any],
+) -> dict[str, Any]:
+    """vLLM's response document: its choice shape, no SGLang ``metadata``, its own id."""
+    return {
+        "id": vllm_id("chatcmpl-" if kind == "chat.completion" else "cmpl-"),
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [to_vllm_choice(c) for c in choices],
+        "usage": to_vllm_usage(use),
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
     }

@@ -129,7 +129,8 @@ async def handle_replay(
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if not isinstance(max_tokens, int) or max_tokens <= 0:
         max_tokens = worker.config.replay_tokens
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    options = options if isinstance(options, dict) else {}
     usage = bool(stream and options.get("include_usage"))
     model = str(body.get("model") or UNNAMED_MODEL)
     template = book.get(kind, stream, max_tokens, usage, model)

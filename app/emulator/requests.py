@@ -2,6 +2,7 @@
 
 Bodies are read as plain JSON (no pydantic on the hot path). Rules that differ from a real worker
 are documented here: an unset ``temperature`` counts as greedy (0) for the acceptance model;
+at most ``MAX_CHOICES`` generations (``n`` times the prompts of a batch) per request;
 ``structural_tag`` constraints are refused (SGLang serves them, also under DFLASH). Prompt tokens
 are estimated as one token per 4 characters of the rendered prompt.
 
@@ -28,16 +29,15 @@ What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
-from app.emulator.grammar import GrammarError, ebnf_text, regex_text
-
 CHARS_PER_TOKEN = 4
+# Generations one request may ask for (``n`` times the prompts of a batch): a real worker queues
+# any number; the emulator keeps each in memory for the whole request.
+MAX_CHOICES = 256
 # SGLang echoes the request's ``model``; a request without one is answered as "default".
 UNNAMED_MODEL = "default"
 
@@ -123,6 +123,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         n = 1
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise RequestError("n must be a positive integer.")
+    if n > MAX_CHOICES:
+        raise RequestError(f"n must be at most {MAX_CHOICES} on this emulated worker.")
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
@@ -152,7 +154,11 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             "priority must be a signed 64-bit integer "
             "between -9223372036854775808 and 9223372036854775807"
         )
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    elif not isinstance(options, dict):
+        raise RequestError("stream_options must be an object.")
     stream = bool(body.get("stream", False))
     return {
         "priority": priority,
@@ -169,8 +175,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "n": n,
         "rids": rids,
         "json_schema": _json_schema(body),
-        "regex": _grammar(body, "regex", regex_text),
-        "ebnf": _grammar(body, "ebnf", ebnf_text),
+        "regex": _grammar(body, "regex"),
+        "ebnf": _grammar(body, "ebnf"),
     }
 
 
@@ -178,19 +184,14 @@ def _int64(value: int) -> bool:
     return -(1 << 63) <= value < (1 << 63)
 
 
-def _grammar(body: dict[str, Any], name: str, check: Callable[[str, random.Random], str]) -> Any:
-    """A ``regex``/``ebnf`` field, checked by generating from it once (a bad one is a 400)."""
+def _grammar(body: dict[str, Any], name: str) -> Any:
+    """A ``regex``/``ebnf`` field: a non-empty string (what it generates is checked once the
+    request is read: ``app.emulator.openai.check_grammars``)."""
     value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
         raise RequestError(f"{name} must be a non-empty string.")
-    try:
-        check(value, random.Random(0))
-    except GrammarError as exc:
-        raise RequestError(str(exc)) from None
-    except RecursionError:
-        raise RequestError(f"The {name} grammar nests too deeply.") from None
     return value
 
 
@@ -263,9 +264,17 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     if isinstance(tool_choice, dict):
         if not tools:
             raise RequestError("Tools cannot be empty if tool choice is set to a specific tool.")
-        name = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise RequestError("tool_choice.function.name must be a string.")
         if name not in {t.name for t in tools}:
             raise RequestError(f"Tool '{name}' not found in tools list.")
+    elif tool_choice not in (None, "auto", "required", "none"):
+        raise RequestError(
+            "tool_choice must be 'none', 'auto', 'required' or a named function "
+            '({"type": "function", "function": {"name": ...}}).'
+        )
     kwargs = body.get("chat_template_kwargs") or {}
     thinking = True
     if isinstance(kwargs, dict):
@@ -349,6 +358,8 @@ def expand(req: GenRequest) -> list[GenRequest]:
         raise RequestError(
             "The specified rids length mismatch with the batch_size for batch processing."
         )
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise RequestError(f"At most {MAX_CHOICES} generations (n x prompts) per request.")
     if len(prompts) == 1 and req.n == 1:
         return [replace(req, rid=req.rids[0] if req.rids else req.rid)]
     out = []

@@ -6,6 +6,10 @@ Covers what agents and ``response_format`` schemas use: ``type`` (or a list of t
 ``$ref`` into ``$defs``/``definitions``, numeric ``minimum``/``maximum`` and string
 ``minLength``/``maxLength``. Words come from the prompt, numbers from the caller's ``random``, so
 (prompt, seed) fixes the value.
+
+Every value made and every character of a string spends a unit of a ``Budget``
+(``app.emulator.grammar``): ``minItems``/``minLength`` nestings that would expand to millions of
+values are a ``GrammarError`` (400) rather than a stalled event loop or an exhausted memory.
 """
 
 from __future__ import annotations
@@ -13,16 +17,26 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from app.emulator.grammar import Budget
+
 _MAX_DEPTH = 12
 
 
 class SchemaValues:
-    def __init__(self, root: dict[str, Any], words: list[str], rng: random.Random) -> None:
+    def __init__(
+        self,
+        root: dict[str, Any],
+        words: list[str],
+        rng: random.Random,
+        budget: Budget | None = None,
+    ) -> None:
         self._root = root
         self._words = words or ["value"]
         self._rng = rng
+        self._budget = budget or Budget("json")
 
     def value(self, schema: Any, depth: int = 0) -> Any:
+        self._budget.spend(1)
         if not isinstance(schema, dict) or depth > _MAX_DEPTH:
             return None if depth > _MAX_DEPTH else self._word()
         schema = self._resolve(schema)
@@ -38,8 +52,10 @@ class SchemaValues:
             for part in schema["allOf"]:
                 if isinstance(part, dict):
                     part = self._resolve(part)
-                    props = {**merged.get("properties", {}), **part.get("properties", {})}
+                    mine, theirs = merged.get("properties"), part.get("properties")
+                    props = {**_mapping(mine), **_mapping(theirs)}
                     merged = {**merged, **part, "properties": props}
+                    self._budget.spend(len(merged) + len(props))
             return self.value(merged, depth + 1)
         kind = schema.get("type")
         if isinstance(kind, list):
@@ -80,10 +96,14 @@ class SchemaValues:
         return self._string(schema)
 
     def _string(self, schema: dict[str, Any]) -> str:
-        text = self._word()
+        parts = [self._word()]
+        size = len(parts[0])
         low = schema.get("minLength")
-        while isinstance(low, int) and len(text) < low:
-            text += " " + self._word()
+        while isinstance(low, int) and size < low:
+            parts.append(self._word())
+            size += 1 + len(parts[-1])
+            self._budget.spend(1 + len(parts[-1]))
+        text = " ".join(parts)
         high = schema.get("maxLength")
         return text[:high] if isinstance(high, int) else text
 
@@ -102,6 +122,10 @@ class SchemaValues:
                 return {}
             schema, ref = node, node.get("$ref")
         return schema
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _bounds(schema: dict[str, Any]) -> tuple[float, float]:

@@ -192,6 +192,7 @@ class Session:
             completion_tokens=gen.completion_tokens,
             verify_steps=steps,
             e2e_s=e2e,
+            finish_reason=gen.finish_reason,
         )
         if error is not None:
             w.stats.count("failed")

@@ -37,6 +37,7 @@ class StreamWriter:
         self._started = False
         self.sent = 0  # SSE events of this response (faults and the gate count these)
         self.error: str | None = None
+        self._vllm = worker.config.vllm  # vLLM's chunk shape (``app.emulator.vllm``)
 
     async def run(self) -> str | None:
         try:
@@ -112,7 +113,9 @@ class StreamWriter:
         tools_active = bool(req.tools) and req.tool_choice != "none" and req.json_schema is None
         created = sessions[0].created
         chunks = {
-            id(s): render.ChatChunks(s.rid, created, req.model, tools_active, s.req.index)
+            id(s): render.ChatChunks(
+                s.rid, created, req.model, tools_active, s.req.index, vllm=self._vllm
+            )
             for s in sessions
         }
         started: set[int] = set()
@@ -158,7 +161,8 @@ class StreamWriter:
         req = sessions[0].req
         created = sessions[0].created
         chunks = {
-            id(s): render.CompletionChunks(s.rid, created, req.model, s.req.index) for s in sessions
+            id(s): render.CompletionChunks(s.rid, created, req.model, s.req.index, vllm=self._vllm)
+            for s in sessions
         }
         ended: set[int] = set()
         last_id = sessions[0].rid

@@ -16,6 +16,7 @@ from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
 from app.emulator.stats import StatsBook
+from app.emulator.vllm import VLLMMetrics
 
 DEFAULT_PORT = 30000
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
@@ -50,6 +51,10 @@ class EmulatorConfig:
     abort_on_priority_when_disabled: bool = False
     api_key: str | None = None
     seed: int | None = None
+    # The server it emulates: sglang, or vllm (``app.emulator.vllm``).
+    engine: str = "sglang"
+    # vLLM with VLLM_SERVER_DEV_MODE=1: its /server_info (max_num_seqs) is served.
+    vllm_dev_mode: bool = False
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
@@ -65,7 +70,13 @@ class EmulatorConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
+        if self.engine not in ("sglang", "vllm"):
+            raise ValueError(f"unknown engine {self.engine!r}; one of sglang, vllm")
         self.faults.validate()
+
+    @property
+    def vllm(self) -> bool:
+        return self.engine == "vllm"
 
 
 class Worker:
@@ -101,7 +112,9 @@ class Worker:
         self.faults = Faults(**config.faults.snapshot())
         self.gate = Gate()
         self.stats = StatsBook(config.stats_file)
-        self.metrics = EmulatorMetrics(config.model)
+        self.metrics: EmulatorMetrics | VLLMMetrics = (
+            VLLMMetrics(config.model) if config.vllm else EmulatorMetrics(config.model)
+        )
         self.started_mono = self.clock.monotonic()
         self.started = self.clock.time()
         # Cumulative acceptance for /server_info and /v1/loads.

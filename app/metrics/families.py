@@ -75,6 +75,7 @@ WORKER_GAUGES = frozenset(
         "worker_output_throughput_tokens_per_second",
         "worker_measured_accept_length",
         "worker_accept_collapsed",
+        "worker_engine_info",
     )
 )
 
@@ -125,7 +126,11 @@ class Families:
             "relayed, the connection closed, the client's answer kept)",
             ("worker", "kind"),
         )
-        self.aborts_sent = counter("aborts_sent", "POST /abort_request calls sent to workers")
+        self.aborts_sent = counter(
+            "aborts_sent",
+            "POST /abort_request calls sent to workers (SGLang; a vLLM request is aborted by "
+            "closing its connection, not counted here)",
+        )
         self.queue_wait = histogram(
             "queue_wait_seconds",
             "Time a request waited for a worker with capacity (admission queue), by priority class",
@@ -205,21 +210,31 @@ class Families:
             ("worker",),
             "livemax",
         )
+        self.worker_engine = gauge(
+            "worker_engine_info",
+            "1 for the serving engine the worker runs (sglang, vllm; unknown until admitted)",
+            ("worker", "engine"),
+            "livemax",
+        )
         self.worker_throughput = gauge(
             "worker_output_throughput_tokens_per_second",
-            "The worker's own generation throughput (/v1/loads gen_throughput)",
+            "The worker's own generation throughput (SGLang: /v1/loads gen_throughput; vLLM: "
+            "the rate of vllm:generation_tokens_total between polls)",
             ("worker",),
             "livemostrecent",
         )
         self.worker_accept_length = gauge(
             "worker_spec_accept_length",
-            "The worker's own average acceptance length (/v1/loads speculative.accept_length)",
+            "The worker's own average acceptance length (SGLang: /v1/loads "
+            "speculative.accept_length; vLLM: 1 + accepted / drafts of its spec_decode counters "
+            "between polls)",
             ("worker",),
             "livemostrecent",
         )
         self.worker_accept_rate = gauge(
             "worker_spec_accept_rate",
-            "The worker's own draft acceptance rate (/v1/loads speculative.accept_rate)",
+            "The worker's own draft acceptance rate (SGLang: /v1/loads speculative.accept_rate; "
+            "vLLM: accepted / draft tokens between polls)",
             ("worker",),
             "livemostrecent",
         )

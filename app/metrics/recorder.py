@@ -70,6 +70,8 @@ class WorkerView(Protocol):
     def breaker(self) -> BreakerView: ...
     @property
     def accept(self) -> AcceptView: ...
+    @property
+    def engine_name(self) -> str: ...
 
 
 class TokenWindow:
@@ -118,6 +120,7 @@ class Metrics(Families):
         self._clock = clock
         self._models: set[str] = set()
         self._workers: set[str] = set()
+        self._engines: dict[str, str] = {}  # the engine label each worker's info gauge has
         self._windows: dict[str, TokenWindow] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._routes = tuple(routes)
@@ -208,6 +211,10 @@ class Metrics(Families):
         """A worker left the pool: its gauges go (in multiprocess mode they are filtered out when
         rendering, since a file's entries cannot be removed)."""
         self._workers.discard(worker)
+        engine = self._engines.pop(worker, None)
+        if engine is not None and not self.multiprocess:
+            with contextlib.suppress(KeyError):
+                self.worker_engine.remove(worker, engine)
         for gauge in (
             self.in_flight,
             self.worker_up,
@@ -368,6 +375,14 @@ class Metrics(Families):
             self.in_flight.labels(name).set(w.in_flight)
             self.worker_up.labels(name).set(1 if w.up else 0)
             self.worker_breaker.labels(name).set(int(w.breaker.state))
+            engine = w.engine_name
+            was = self._engines.get(name)
+            if was != engine:
+                if was is not None:
+                    with contextlib.suppress(KeyError):
+                        self.worker_engine.remove(name, was)
+                self._engines[name] = engine
+                self.worker_engine.labels(name, engine).set(1)
             load = w.load
             self.worker_throughput.labels(name).set(load.gen_throughput)
             if load.accept_length is not None:

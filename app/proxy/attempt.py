@@ -135,6 +135,7 @@ class Tally:
     chunk_times: list[float] = field(default_factory=list)  # clock at every later relayed chunk
     events: int = 0  # SSE events relayed
     inband_error: bool = False  # the worker's stream carried an error event
+    answer_bytes: int = 0  # a non-streamed answer's size, as the worker sent it
 
 
 class Attempt:
@@ -155,6 +156,7 @@ class Attempt:
         "reason",
         "response",
         "rid",
+        "source",
         "started",
         "sup",
         "tally",
@@ -163,9 +165,17 @@ class Attempt:
     )
 
     def __init__(
-        self, worker: Worker, rid: str, sup: Supervisor, *, abort: Abort, spawn: Spawn
+        self,
+        worker: Worker,
+        rid: str,
+        sup: Supervisor,
+        *,
+        abort: Abort,
+        spawn: Spawn,
+        source: str | None = None,
     ) -> None:
         self.worker = worker
+        self.source = source  # the request's API key (the breaker's attribution)
         self.rid = rid
         self.sup = sup
         self.clock = sup.clock
@@ -232,7 +242,7 @@ class Attempt:
         self._scope.end(reason)
 
     async def __aenter__(self) -> Attempt:
-        guard = self._guard = self.worker.attempt_guard()
+        guard = self._guard = self.worker.attempt_guard(self.source)
         self._verdict = guard.__enter__()
         self.sup.begin(self)
         await self._scope.__aenter__()
@@ -277,8 +287,11 @@ class Attempt:
             self.outcome, verdict.fault, abort = Outcome.OK, False, False
         elif isinstance(error, UpstreamError):
             self.outcome = error.attempt_outcome
-            # A 4xx: the worker answered, the request was at fault.
-            verdict.fault = not isinstance(error, UpstreamStatusError) or error.status >= 500
+            # A 4xx: the worker answered, the request was at fault. A 5xx: the worker's fault,
+            # or the request's (SGLang answers 500 to some bad input): counted against its key.
+            answered = isinstance(error, UpstreamStatusError)
+            verdict.fault = not answered or error.status >= 500
+            verdict.requested = answered
             # Refused connections never reached it; an error status means nothing runs.
             if isinstance(error, UpstreamStatusError) or (
                 isinstance(error, UpstreamConnectError) and not self.receiving

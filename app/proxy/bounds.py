@@ -16,10 +16,11 @@ _INT = msgspec.json.Decoder(int)
 
 def patch_max_tokens(
     body: Any, names: Sequence[str], limits: LimitsConfig, patch: dict[str, bytes]
-) -> None:
+) -> int | None:
     """Check the token-count fields ``names`` of ``body`` (decoded ints or unset) and note in
-    ``patch`` the values the worker must get instead: the cap, or the default when none is set."""
-    present = False
+    ``patch`` the values the worker must get instead: the cap, or the default when none is set.
+    Returns the most tokens a choice may then have (None: no bound, up to the context length)."""
+    bound: int | None = None
     for name in names:
         value = getattr(body, name)
         if value is None or value is msgspec.UNSET:
@@ -28,11 +29,14 @@ def patch_max_tokens(
             raise InvalidRequest(f"{name}: must be a positive integer", param=name)
         if value >= 2**63:
             raise InvalidRequest(f"{name}: must be a positive integer below 2^63", param=name)
-        present = True
         if value > limits.max_tokens_cap:
-            patch[name] = b"%d" % limits.max_tokens_cap
-    if not present and limits.default_max_tokens is not None:
-        patch["max_tokens"] = b"%d" % min(limits.default_max_tokens, limits.max_tokens_cap)
+            value = limits.max_tokens_cap
+            patch[name] = b"%d" % value
+        bound = value if bound is None else max(bound, value)
+    if bound is None and limits.default_max_tokens is not None:
+        bound = min(limits.default_max_tokens, limits.max_tokens_cap)
+        patch["max_tokens"] = b"%d" % bound
+    return bound
 
 
 def choices(body: Any, names: Sequence[str], max_n: int) -> int:

@@ -1,13 +1,20 @@
 """Which top-level request fields reach a worker.
 
-Allowed: the OpenAI fields of each route, plus the SGLang extensions clients legitimately send
-(``chat_template_kwargs`` is Kimi-K2.5's thinking switch, ``separate_reasoning``, sampling knobs,
-structured output). ``limits.extra_fields`` allows more.
+Allowed: the OpenAI fields of each route, plus the SGLang and vLLM extensions clients
+legitimately send (``chat_template_kwargs`` is Kimi-K2.5's thinking switch on both,
+``separate_reasoning``, ``include_reasoning``, sampling knobs, structured output).
+``limits.extra_fields`` allows more. One list serves both engines: a request is parsed before its
+worker is picked, and each engine ignores the other's extensions (SGLang's request models drop
+unknown fields; vLLM's log and ignore them), so an SGLang-only field sent to a vLLM worker (or the
+reverse) has no effect there rather than failing.
 
 Denied (a 400 naming the field): SGLang fields that let a client run code on the worker
 (``custom_logit_processor``), point it at other hosts (``bootstrap_*``), load adapters
 (``lora_path``), pull internals (``return_hidden_states``), pin sessions, jump the queue
-(``priority``) or pick the request id the gateway aborts by (``rid``). A name listed in
+(``priority``) or pick the request id the gateway aborts by (``rid``); and vLLM's equivalents:
+``request_id`` (its internal id), ``kv_transfer_params`` (other hosts), ``logits_processors`` and
+``vllm_xargs`` (code and arguments run on the worker), ``chat_template`` (a client-supplied
+template rendered on the worker). A name listed in
 ``limits.extra_fields`` is allowed even when denied here (``lora_path`` on a multi-LoRA fleet).
 
 Anything else is dropped: not forwarded, counted, logged at debug with its name.
@@ -60,6 +67,14 @@ COMMON = frozenset(
         "ebnf",
         "json_schema",
         "return_meta_info",  # the gateway reads it (the exact acceptance length)
+        # vLLM sampling and structured-output extensions
+        "length_penalty",
+        "truncate_prompt_tokens",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
     }
 )
 
@@ -81,6 +96,9 @@ CHAT = COMMON | {
     "separate_reasoning",
     "stream_reasoning",
     "continue_final_message",
+    # vLLM's reasoning switch and template flags
+    "include_reasoning",
+    "add_generation_prompt",
 }
 
 COMPLETIONS = COMMON | {"prompt", "suffix", "echo", "best_of"}
@@ -100,6 +118,12 @@ DENIED = frozenset(
         "priority",
         "rid",
         "data_parallel_rank",
+        # vLLM
+        "request_id",
+        "kv_transfer_params",
+        "logits_processors",
+        "vllm_xargs",
+        "chat_template",
     }
 )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable, Coroutine
@@ -85,6 +86,14 @@ class Job:
         return self.attempt is not None and self.attempt.committed
 
 
+def _continues_on(worker: Worker) -> bool:
+    """Whether a broken stream may go on on ``worker``: an SGLang one (or one whose engine is
+    not known yet, taken as SGLang), whose ``continue_final_message`` ``app.proxy.resume``
+    follows; vLLM's was not checked."""
+    engine = worker.engine
+    return engine is None or engine.name == "sglang"
+
+
 class Proxy:
     def __init__(
         self,
@@ -128,8 +137,17 @@ class Proxy:
         task.add_done_callback(self._background.discard)
 
     async def _abort(self, worker: Worker, rid: str) -> None:
+        """Abort an attempt on its worker through the worker's engine (SGLang: a call; vLLM:
+        nothing to send, the attempt's closed connection is the abort)."""
+        engine = worker.engine
+        if engine is not None and not engine.abort_by_call:
+            return
         self._metrics.record_abort()
-        if not await self._client.abort(worker, rid):
+        if engine is None:  # not yet admitted: SGLang's call, as before engines
+            acknowledged = await self._client.abort(worker, rid)
+        else:
+            acknowledged = await engine.abort(self._client, worker, rid)
+        if not acknowledged:
             log.info("abort of %s on %s was not acknowledged", rid, worker.name)
 
     def now(self) -> float:
@@ -308,7 +326,7 @@ class Proxy:
                 job.trace.admitting()
             try:
                 candidates, waited = await self.admission.admit(
-                    lambda: [w for w in self._pool.available(job.ctx.model) if w.name not in tried],
+                    functools.partial(self._candidates, job, tried, continuing=resume is not None),
                     job.tenant,
                 )
             except ServiceUnavailable as exc:  # every worker full: queue full or timed out
@@ -369,6 +387,14 @@ class Proxy:
             return error, Outcome.NO_WORKER
         return error, error.outcome
 
+    def _candidates(self, job: Job, tried: set[str], *, continuing: bool) -> list[Worker]:
+        """The workers an attempt may go to: not tried yet; SGLang ones for a continuation."""
+        return [
+            w
+            for w in self._pool.available(job.ctx.model)
+            if w.name not in tried and (not continuing or _continues_on(w))
+        ]
+
     def _continuable(self, job: Job) -> bool:
         """A chat stream of one choice, with continuations on (settings and the key's policy)."""
         request = job.request
@@ -387,7 +413,8 @@ class Proxy:
         (None) the metric outcome saying why it does not."""
         if keep.continuations >= self._settings.retry.mid_stream_attempts:
             return "limit", None, None
-        if not self._has_other(job, tried):
+        available = self._pool.available(job.ctx.model)
+        if not any(w.name not in tried and _continues_on(w) for w in available):
             return "no_worker", None, None
         part = keep.partial()
         if not part.continuable or part.id is None:
@@ -432,7 +459,9 @@ class Proxy:
         continuation its ``Resume`` and ``body`` too (``app.proxy.resume``)."""
         rid = self.new_rid()
         before = job.attempt
-        attempt = job.attempt = Attempt(worker, rid, sup, abort=self._abort, spawn=self._spawn)
+        attempt = job.attempt = Attempt(
+            worker, rid, sup, abort=self._abort, spawn=self._spawn, source=job.record.key
+        )
         if resume is not None and before is not None:
             # The client's stream began with the first attempt: its commit point and chunk times.
             resume.rid = rid
@@ -456,7 +485,7 @@ class Proxy:
                         headers,
                         sent=attempt.sent,
                         # An answer that cannot be checked for its rid: where no stray can wait.
-                        fresh=not checkable(request),
+                        fresh=not checkable(request, worker),
                     )
                 )
                 if request.stream:

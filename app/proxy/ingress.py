@@ -145,7 +145,7 @@ async def serve_entry(gw: Gateway, entry: Entry, scope: Any, receive: Receive, s
     slot: contextlib.AsyncExitStack | None = None
     limit_headers: list[tuple[bytes, bytes]] = []  # on every answer from admission on
     try:
-        read, forwarded = client_headers(scope["headers"], entry.read)
+        read, forwarded = client_headers(scope["headers"], entry.read, gw.forward_headers)
         key = key_name(entry.credential(read), gw)
         tenant = gw.tenants.resolve(key, read.get(_PRIORITY))
         # Per-key quotas and limits: 429 before the body is even read.

@@ -34,6 +34,7 @@ from app.proxy.resume import Resume, Stream
 from app.proxy.surface import Observer
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
+from app.workers.worker import Worker
 
 ACCEPT_LENGTH_HEADER = b"x-dflash-accept-length"
 
@@ -44,14 +45,20 @@ def _not_json(attempt: Attempt) -> UpstreamBadResponse:
 
 def expected_id(attempt: Attempt, request: ParsedRequest) -> str | None:
     """The rid the worker's answer must carry (``app.upstream.sse.answers``), or None when its
-    answer carries nothing to check: parallel samples (``n`` > 1, fresh ids on the worker) and
-    count_tokens (no id). Those requests go on a new connection instead (``checkable``)."""
-    return attempt.rid if checkable(request) else None
+    answer carries nothing to check: parallel samples (``n`` > 1, fresh ids on the worker),
+    count_tokens (no id) and any answer of a vLLM worker (its ids are its own). Those requests go
+    on a new connection instead (``checkable``)."""
+    return attempt.rid if checkable(request, attempt.worker) else None
 
 
-def checkable(request: ParsedRequest) -> bool:
+def checkable(request: ParsedRequest, worker: Worker) -> bool:
     """Whether the worker's answer to ``request`` says which request it answers."""
-    return request.choices == 1 and request.route is not Route.COUNT_TOKENS
+    engine = worker.engine
+    return (
+        request.choices == 1
+        and request.route is not Route.COUNT_TOKENS
+        and (engine is None or engine.answers_by_rid)
+    )
 
 
 def _response(attempt: Attempt) -> UpstreamResponse:
@@ -213,6 +220,7 @@ async def relay_whole(
         body = await response.aread(limit)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=False) from None
+    attempt.tally.answer_bytes = len(body)
     try:
         usage, steps, body = request.surface.answer(body, request, expected_id(attempt, request))
     except NotJSON:

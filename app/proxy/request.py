@@ -42,6 +42,7 @@ from app.proxy.fields import (
     capped,
     schema_for,
 )
+from app.proxy.media import MARKER, check_chat_media, image_policy
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
@@ -76,6 +77,9 @@ class ParsedRequest:
     _head: tuple[memoryview | bytes, ...]
     # The client's API (``app.proxy.surface``): how its stream, answer and errors look.
     surface: Surface
+    # The most completion tokens per choice the worker may generate (the client's max_tokens,
+    # capped, or the default); None when unbounded.
+    max_tokens: int | None = None
 
     def upstream_parts(
         self, rid: str, priority: int | None = None
@@ -149,6 +153,9 @@ def parse_request(
         conversation = _check_messages(body.messages)
         if spans is not None:
             conversation = _leading(_MESSAGES.decode(spans.messages))
+        if MARKER in raw:  # a media part somewhere: each one's URL must be allowed
+            policy = image_policy(limits.image_url_allow)
+            check_chat_media([message.content for message in body.messages], policy)
     else:
         conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)
     stream = bool(body.stream)
@@ -159,7 +166,7 @@ def parse_request(
     served = aliases.get(model, model)
     if served != model:
         patch["model"] = orjson.dumps(served)
-    patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)
+    max_tokens = patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)
     if stream and not client_wants_usage:
         # Forced so the gateway always sees token counts; the chunk is dropped on the way back.
         patch["stream_options"] = _usage_options(options)
@@ -184,6 +191,7 @@ def parse_request(
         dropped=dropped,
         _head=_head(raw, body, spans, schema, patch),
         surface=surface or _SURFACES[route],
+        max_tokens=max_tokens,
     )
 
 

@@ -176,7 +176,10 @@ def to_response(doc: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise _bad("a choice without a message")
     output: list[dict[str, Any]] = []
-    reasoning = _optional_str(message.get("reasoning_content"), "a non-string reasoning_content")
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:  # vLLM's name for it
+        reasoning = message.get("reasoning")
+    reasoning = _optional_str(reasoning, "a non-string reasoning_content")
     if reasoning:
         output.append(reasoning_item(ctx, len(output), reasoning, "completed"))
     text = _optional_str(message.get("content"), "a non-string content")

@@ -98,7 +98,11 @@ class _Delta:
             delta = {}
         elif not isinstance(delta, dict):
             raise _bad("a delta that is not an object")
-        self.reasoning = _str(delta.get("reasoning_content"), "a non-string reasoning_content")
+        # SGLang's reasoning_content; vLLM's reasoning (newer) or both (the same text).
+        reasoning = delta.get("reasoning_content")
+        if reasoning is None:
+            reasoning = delta.get("reasoning")
+        self.reasoning = _str(reasoning, "a non-string reasoning_content")
         self.text = _str(delta.get("content"), "a non-string content")
         calls = delta.get("tool_calls")
         self.calls: list[tuple[Any, str | None, str | None, str | None]] = []

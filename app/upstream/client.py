@@ -1,6 +1,6 @@
 """The gateway's calls to workers, over the pooled keep-alive HTTP/1.1 client of
 ``app.upstream.http1``: the proxied POST (the hot path) and the small control calls
-(``/health``, ``/v1/loads``, ``/v1/models``, ``/abort_request``).
+(``/health``, ``/v1/loads``, ``/v1/models``, ``/abort_request``, vLLM's ``/metrics``).
 
 This module is the boundary: below it errors are ``app.upstream.errors``, above it they are
 ``app.errors`` (``map_transport_error``), and a worker's error status becomes an
@@ -145,6 +145,16 @@ class UpstreamClient:
                 data = None
         return status, data
 
+    async def fetch(
+        self,
+        worker: Worker,
+        path: str,
+        timeout: float,  # noqa: ASYNC109
+        limit: int = _MAX_CONTROL_BODY,
+    ) -> tuple[int, bytes]:
+        """GET a small document as bytes (a Prometheus exposition), at most ``limit`` bytes."""
+        return await self._call(worker, "GET", path, None, timeout, limit)
+
     async def _call(
         self,
         worker: Worker,
@@ -152,6 +162,7 @@ class UpstreamClient:
         path: str,
         body: bytes | None,
         timeout: float,  # noqa: ASYNC109
+        limit: int = _MAX_CONTROL_BODY,
     ) -> tuple[int, bytes]:
         """A small control call (health, loads, models, abort), whole within ``timeout``, its
         answer at most ``_MAX_CONTROL_BODY`` bytes. Raises an ``UpstreamError``.
@@ -169,7 +180,7 @@ class UpstreamClient:
             async with asyncio.timeout(timeout):
                 answer = await self._wire.request(host, port, request, fresh=True)
                 try:
-                    content = await answer.aread(_MAX_CONTROL_BODY)
+                    content = await answer.aread(limit)
                 finally:
                     await answer.aclose()
         except TimeoutError:

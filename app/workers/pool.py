@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from app.config import BreakerConfig
 from app.workers.breaker import CircuitBreaker
+from app.workers.engines import split_engine_url
 from app.workers.worker import Worker, WorkerState
 
 
@@ -90,7 +91,7 @@ class WorkerPool:
         for endpoint in endpoints:
             seen.add(endpoint.name)
             worker = self._workers.get(endpoint.name)
-            if worker is None or worker.url != endpoint.url.rstrip("/"):
+            if worker is None or worker.url != split_engine_url(endpoint.url)[1].rstrip("/"):
                 worker = self._new_worker(endpoint.url, endpoint.name)
                 self._workers[endpoint.name] = worker
             if endpoint.draining:

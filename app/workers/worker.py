@@ -1,13 +1,17 @@
-"""One SGLang worker as the gateway sees it: identity, health, in-flight requests, last load,
-and the capacity it reports."""
+"""One worker (SGLang or vLLM) as the gateway sees it: identity, engine, health, in-flight
+requests, last load, and the capacity it reports."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from app.workers.breaker import BreakerState, CircuitBreaker
+
+if TYPE_CHECKING:
+    from app.workers.engines import Engine, EngineName
 
 
 class WorkerState(enum.Enum):
@@ -19,7 +23,8 @@ class WorkerState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
-    """The worker's own view, polled from ``/v1/loads?include=core,spec``."""
+    """The worker's own view, polled through its engine (SGLang's ``/v1/loads?include=core,spec``,
+    vLLM's ``/metrics``)."""
 
     running: int = 0
     waiting: int = 0
@@ -84,11 +89,24 @@ class Worker:
     context_length: int | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     accept: Acceptance = field(default_factory=Acceptance)
+    # The engine it runs (``app.workers.engines``): settled when it is admitted; None before.
+    engine: Engine | None = None
+    # The engine its URL names (``vllm+http://...``), which no detection overrides.
+    engine_pin: EngineName | None = None
 
     def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
+        from app.workers.engines import split_engine_url
+
+        pin, url = split_engine_url(self.url)
+        self.engine_pin = pin or self.engine_pin
+        self.url = url.rstrip("/")
         if not self.name:
             self.name = stable_name(self.url)
+
+    @property
+    def engine_name(self) -> str:
+        """``sglang``, ``vllm``, or ``unknown`` before it was admitted."""
+        return self.engine.name if self.engine is not None else (self.engine_pin or "unknown")
 
     @property
     def routable(self) -> bool:
@@ -139,26 +157,28 @@ class Worker:
         """What load-aware policies compare: our in-flight requests, then the worker's queue."""
         return self.in_flight + self.load.waiting + self.load.token_usage
 
-    def attempt_guard(self) -> AttemptGuard:
+    def attempt_guard(self, source: str | None = None) -> AttemptGuard:
         """One upstream attempt on this worker: counted in flight for the block, whatever happens,
-        and exactly one verdict for the circuit breaker when it ends (see ``Verdict``)."""
-        return AttemptGuard(self)
+        and exactly one verdict for the circuit breaker when it ends (see ``Verdict``);
+        ``source``: the API key of the request."""
+        return AttemptGuard(self, source)
 
 
 class AttemptGuard:
     """``Worker.attempt_guard``'s block (a plain context manager: one per upstream attempt)."""
 
-    __slots__ = ("_verdict", "_worker")
+    __slots__ = ("_source", "_verdict", "_worker")
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, source: str | None = None) -> None:
         self._worker = worker
+        self._source = source
         self._verdict: Verdict | None = None
 
     def __enter__(self) -> Verdict:
         worker = self._worker
         worker.in_flight += 1
         worker.breaker.on_attempt()
-        verdict = self._verdict = Verdict()
+        verdict = self._verdict = Verdict(self._source)
         return verdict
 
     def __exit__(self, *exc: object) -> None:
@@ -168,7 +188,7 @@ class AttemptGuard:
         if verdict.fault is None:
             worker.breaker.on_released()
         elif verdict.fault:
-            worker.breaker.on_failure()
+            worker.breaker.on_failure(verdict.source if verdict.requested else None)
         else:
             worker.breaker.on_success()
 
@@ -177,9 +197,13 @@ class Verdict:
     """What an attempt tells its worker's breaker. ``fault`` True: the worker failed (it counts
     towards opening the breaker); False: the worker answered (even a 4xx, the request's fault);
     left None (the client left, the gateway stopped): no verdict, the half-open probe slot is
-    freed."""
+    freed. ``requested``: the failure was the worker's answer to the request (an error status),
+    so it may be the request's doing and counts against the request's key, ``source``
+    (``app.workers.breaker``)."""
 
-    __slots__ = ("fault",)
+    __slots__ = ("fault", "requested", "source")
 
-    def __init__(self) -> None:
+    def __init__(self, source: str | None = None) -> None:
         self.fault: bool | None = None
+        self.requested = False
+        self.source = source

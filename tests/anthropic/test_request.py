@@ -34,7 +34,10 @@ def test_system_blocks_images_and_cache_control_dropped() -> None:
                             "type": "image",
                             "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"},
                         },
-                        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+                        {
+                            "type": "image",
+                            "source": {"type": "url", "url": "https://img.example.com/y.png"},
+                        },
                     ],
                 }
             ],
@@ -51,7 +54,7 @@ def test_system_blocks_images_and_cache_control_dropped() -> None:
                 "content": [
                     {"type": "text", "text": "look"},
                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}},
-                    {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                    {"type": "image_url", "image_url": {"url": "https://img.example.com/y.png"}},
                 ],
             },
         ],

@@ -62,6 +62,15 @@ BAD_VALUES = [
     (["--set", "workers.sglang.draftWindow=4096"], "draftWindow"),
     (["--set", "topLevelTypo=true"], "topLevelTypo"),
     (["--set", "workers.gpus=4"], "must equal workers.sglang.tpSize"),
+    (
+        ["--set", "workers.engine=vllm", "--set", "workers.gpus=4"],
+        "must equal workers.vllm.tensorParallelSize",
+    ),
+    (
+        ["--set", "workers.engine=vllm", "--set", "workers.priorityScheduling=true"],
+        "workers.priorityScheduling is SGLang's",
+    ),
+    (["--set", "workers.engine=tgi"], "engine"),
     (["--set", "externalWorkers.urls[0]=http://10.0.0.5:30000"], "needs workers.enabled=false"),
     (["--set", "workers.enabled=false"], "needs externalWorkers.urls"),
     (["--set", "gateway.terminationGracePeriodSeconds=30"], "terminationGracePeriodSeconds"),

@@ -166,11 +166,16 @@ async def test_kubernetes_mode_finds_exactly_the_worker_pods(
         # The Role lets the gateway's ServiceAccount read EndpointSlices in exactly that namespace.
         assert m.one("Role")["metadata"]["namespace"] == settings.discovery.namespace
         slices = endpoint_slices(m)
+        # The gateway's own Services (its API, and its metrics port when the ServiceMonitor is on)
+        # are decoys the selector must not match.
+        gateway_services = {f"{RELEASE}-dflash-gateway"}
+        if value_set == "ingress-hpa-netpol":
+            gateway_services.add(f"{RELEASE}-dflash-gateway-metrics")
         assert {s["metadata"]["labels"]["kubernetes.io/service-name"] for s in slices} == {
-            f"{RELEASE}-dflash-gateway",
+            *gateway_services,
             WORKERS,
         }
-        for s in slices:  # the gateway's own Service is a decoy the selector must not match
+        for s in slices:
             await api.put(s)
         found = await first_nonempty(make_discovery(settings.discovery, settings.worker_urls))
     assert found == expected_workers(m)

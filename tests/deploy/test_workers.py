@@ -265,3 +265,42 @@ def test_keda_scales_the_workers_on_fleet_saturation(render: Callable[..., Manif
     assert render().workers["spec"]["replicas"] == 2
     custom = render("keda-workers", "--set", "workers.autoscaling.keda.query=vector(1)")
     assert custom.one("ScaledObject")["spec"]["triggers"][0]["metadata"]["query"] == "vector(1)"
+
+
+# The model card's vLLM path (vLLM PR 39930): vllm serve with the DFlash drafter as its
+# speculative model, tensor parallel over the node's 8 GPUs; what a gateway deployment adds.
+VLLM_FLAGS: dict[str, str | None] = {
+    "--speculative-config": (
+        '{"method":"dflash","model":"z-lab/Kimi-K2.5-DFlash","num_speculative_tokens":7}'
+    ),
+    "--tensor-parallel-size": "8",
+    "--max-num-seqs": "64",
+    "--gpu-memory-utilization": "0.9",
+    "--trust-remote-code": None,
+    "--reasoning-parser": "kimi_k2",
+    "--tool-call-parser": "kimi_k2",
+    "--enable-auto-tool-choice": None,
+    "--host": "0.0.0.0",
+    "--port": "30000",
+    "--api-key": "$(SGLANG_WORKER_API_KEY)",
+}
+
+
+def test_vllm_engine_renders_a_vllm_dflash_worker_on_eight_gpus(
+    render: Callable[..., Manifests],
+) -> None:
+    m = render("vllm-workers")
+    c = container(m.workers, "vllm")
+    assert c["image"] == "vllm/vllm-openai:nightly"
+    assert c["command"] == ["vllm", "serve"]
+    assert c["args"][0] == "moonshotai/Kimi-K2.5"
+    assert parse_flags(c["args"][1:]) == VLLM_FLAGS
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 8
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    # The gateway is told the engine, and admits up to the workers' --max-num-seqs.
+    assert m.gateway_settings()["workers"] == {"engine": "vllm", "vllm_max_num_seqs": 64}
+    # No SGLang container, and the default render keeps SGLang with no engine setting.
+    assert [x["name"] for x in pod_spec(m.workers)["containers"]] == ["vllm"]
+    assert "workers" not in render().gateway_settings()

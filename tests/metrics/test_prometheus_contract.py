@@ -145,6 +145,7 @@ class Worker:
     load: Load = field(default_factory=Load)
     breaker: Breaker = field(default_factory=Breaker)
     accept: Accept = field(default_factory=Accept)
+    engine_name: str = "sglang"
 
 metrics = Metrics(models=["kimi"])
 assert metrics.multiprocess

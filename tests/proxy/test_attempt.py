@@ -61,9 +61,9 @@ class VerdictLog(CircuitBreaker):
         self.heard.append("success")
         super().on_success()
 
-    def on_failure(self) -> None:
+    def on_failure(self, source: str | None = None) -> None:
         self.heard.append("failure")
-        super().on_failure()
+        super().on_failure(source)
 
     def on_released(self) -> None:
         self.heard.append("released")

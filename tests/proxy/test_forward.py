@@ -8,6 +8,7 @@ import re
 import orjson
 import pytest
 
+from app.config import Settings
 from app.errors import SSE_DONE
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, chat_chunks, wait_for
 
@@ -92,6 +93,57 @@ async def test_headers_to_workers() -> None:
     assert sent["x-request-id"] == "req-123"
     assert sent["x-emulator-profile"] == "gsm8k"
     assert ex.headers["x-request-id"] == "req-123"
+
+
+# What SGLang 0.5.23 acts on (X-Data-Parallel-Rank always, the X-Override-* family with
+# SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1) and other headers only the gateway reads.
+SGLANG_OVERRIDES = {
+    "X-Override-Priority": "1000000",
+    "X-Override-Rid": "victim-rid",
+    "X-Override-Bootstrap-Host": "10.0.0.9",
+    "X-Override-Bootstrap-Port": "8998",
+    "X-Override-Bootstrap-Room": "7",
+    "X-Override-Routed-Dp-Rank": "3",
+    "X-Override-Conversation-Id": "c",
+    "X-Data-Parallel-Rank": "1",
+    "X-SMG-Routing-Key": "k",
+    "X-Sglext-Return-Input-Ids": "1",
+    "X-Sglext-Return-Output-Ids": "1",
+    "X-Session-Id": "s1",
+    "X-Priority": "high",
+    "User-Agent": "curl/8",
+    "Forwarded": "for=10.0.0.1",
+}
+
+
+async def test_only_allowed_client_headers_reach_a_worker() -> None:
+    worker = FakeWorker()
+    client = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    client |= {"tracestate": "v=1", "baggage": "a=b", "X-Emulator-Profile": "mbpp"}
+    async with GatewayHarness([worker]) as gw:
+        ex = await gw.post(CHAT, chat(), headers={**SGLANG_OVERRIDES, **client})
+        assert ex.status == 200
+        stream = await gw.post(CHAT, chat(stream=True), headers=SGLANG_OVERRIDES)
+        assert stream.status == 200
+    gateway_set = {"host", "content-length", "content-type", "accept-encoding", "x-request-id"}
+    assert set(worker.headers[0]) - gateway_set == {k.lower() for k in client}
+    assert set(worker.headers[1]) - gateway_set == set()
+    assert worker.requests[0]["rid"] != "victim-rid"
+
+
+async def test_forward_headers_setting_passes_named_headers_on() -> None:
+    worker = FakeWorker()
+    limits = {"forward_headers": ("X-SMG-Routing-Key",)}
+    async with GatewayHarness([worker], limits=limits) as gw:
+        await gw.post(CHAT, chat(), headers=SGLANG_OVERRIDES)
+    assert worker.headers[0]["x-smg-routing-key"] == "k"
+    assert "x-override-priority" not in worker.headers[0]
+
+
+@pytest.mark.parametrize("name", ["Authorization", "cookie", "x-request-id", "te", "a b", ""])
+def test_forward_headers_refuses_credentials_framing_and_non_names(name: str) -> None:
+    with pytest.raises(ValueError, match=r"never forwarded|not a header name"):
+        Settings(limits={"forward_headers": (name,)})
 
 
 async def test_no_client_authorization_without_a_worker_key() -> None:
@@ -280,9 +332,10 @@ def test_every_connection_header_names_hop_by_hop_headers() -> None:
         (b"X-Session-Id", b"s1"),
         (b"traceparent", b"00-1-2-01"),
     ]
-    read, forward = client_headers(raw, frozenset({b"x-session-id"}))
+    forward_set = frozenset({b"x-hop", b"x-other", b"traceparent"})
+    read, forward = client_headers(raw, frozenset({b"x-session-id"}), forward_set)
     assert read == {b"x-session-id": b"s1"}
-    assert forward == [(b"x-session-id", b"s1"), (b"traceparent", b"00-1-2-01")]
+    assert forward == [(b"traceparent", b"00-1-2-01")]
 
 
 async def test_committed_stream_leaves_through_the_direct_lane_byte_identical() -> None:

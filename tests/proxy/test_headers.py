@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.errors import InvalidRequest
-from app.proxy.headers import client_headers, single
+from app.proxy.headers import client_headers, forwarded, single
 
 
 def test_encodings_and_credentials_never_reach_a_worker() -> None:
@@ -20,6 +20,20 @@ def test_encodings_and_credentials_never_reach_a_worker() -> None:
     assert forward == [(b"traceparent", b"00-1-2-01")]
 
 
+def test_headers_reach_a_worker_by_allow_list() -> None:
+    raw = [
+        (b"X-Override-Priority", b"99"),
+        (b"X-Data-Parallel-Rank", b"1"),
+        (b"X-Sglext-Return-Input-Ids", b"1"),
+        (b"Baggage", b"k=v"),
+        (b"X-Emulator-Profile", b"gsm8k"),
+    ]
+    _, forward = client_headers(raw)
+    assert forward == [(b"baggage", b"k=v"), (b"x-emulator-profile", b"gsm8k")]
+    _, forward = client_headers(raw, forward=forwarded(["X-Data-Parallel-Rank"]))
+    assert forward[0] == (b"x-data-parallel-rank", b"1")
+
+
 def test_a_header_the_gateway_reads_given_twice_is_a_400() -> None:
     raw = [(b"authorization", b"Bearer a"), (b"Authorization", b"Bearer b")]
     with pytest.raises(InvalidRequest) as info:
@@ -29,5 +43,6 @@ def test_a_header_the_gateway_reads_given_twice_is_a_400() -> None:
         single(raw, b"authorization")
     assert single(raw[:1], b"authorization") == b"Bearer a"
     # Repeated headers the gateway only passes on stay as they are.
-    _, forward = client_headers([(b"x-tag", b"1"), (b"x-tag", b"2")], frozenset())
+    tags = [(b"x-tag", b"1"), (b"x-tag", b"2")]
+    _, forward = client_headers(tags, frozenset(), forwarded(["x-tag"]))
     assert forward == [(b"x-tag", b"1"), (b"x-tag", b"2")]

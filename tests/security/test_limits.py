@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 
 import pytest
 
@@ -15,7 +17,8 @@ from app.limits import (
     make_limiter,
 )
 from app.tenants.headers import Budget
-from tests.support.procs import free_port
+from tests.support.procs import PYTHON, free_port
+from tests.support.tools import ROOT
 
 
 class FakeClock:
@@ -160,3 +163,61 @@ async def test_store_errors_are_counted_each_and_logged_once_a_while(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
     assert "5 failure(s)" in lines[1]
+
+
+_HOLDER = """
+import asyncio, sys
+from app.limits import KeyLimits, RedisLimiter
+
+async def main():
+    limiter = RedisLimiter(sys.argv[1], KeyLimits(max_concurrent=2), lease_ttl_s=1.0)
+    async with limiter.hold("team-a"):
+        print("held", flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_replicas_slot_expires_while_the_key_stays_busy(redis_url: str) -> None:
+    """A replica SIGKILLed with a request in flight never releases its slot; the slot's lease
+    expires on its own (here after 1 s) even though the key's other requests keep coming."""
+    holder = await asyncio.create_subprocess_exec(
+        PYTHON, "-c", _HOLDER, redis_url, stdout=asyncio.subprocess.PIPE, cwd=ROOT
+    )
+    assert holder.stdout is not None
+    assert await asyncio.wait_for(holder.stdout.readline(), 20) == b"held\n"
+    holder.send_signal(signal.SIGKILL)
+    await holder.wait()
+    live = RedisLimiter(redis_url, KeyLimits(max_concurrent=2), lease_ttl_s=1.0)
+    try:
+        with pytest.raises(RateLimited, match="concurrent"):  # the dead replica's slot counts
+            async with live.hold("team-a"), live.hold("team-a"):
+                pass
+        loop = asyncio.get_running_loop()
+        busy_until = loop.time() + 2.5
+        while loop.time() < busy_until:  # the key in regular use, one request at a time
+            async with live.hold("team-a"):
+                await asyncio.sleep(0.02)
+        async with live.hold("team-a"), live.hold("team-a"):  # both slots free again
+            pass
+    finally:
+        await live.close()
+
+
+async def test_a_request_longer_than_the_lease_keeps_its_slot(redis_url: str) -> None:
+    limits = KeyLimits(max_concurrent=1)
+    first = RedisLimiter(redis_url, limits, lease_ttl_s=0.6)
+    second = RedisLimiter(redis_url, limits, lease_ttl_s=0.6)
+    try:
+        async with first.hold("team-a"):
+            for _ in range(10):  # 2 s: more than three lease periods
+                with pytest.raises(RateLimited, match="concurrent"):
+                    async with second.hold("team-a"):
+                        pass
+                await asyncio.sleep(0.2)
+        async with second.hold("team-a"):  # released at once when it ended
+            pass
+    finally:
+        await first.close()
+        await second.close()

@@ -92,11 +92,13 @@ class FakeWorker:
     healthy: bool = True  # GET /health: 200, else 503 (a worker still loading)
     models: bool = True  # GET /v1/models answers (else 404)
     fail_status: int | None = None  # answer completions with this status and an error body
+    fail_marker: bytes | None = None  # ...only those whose body holds these bytes
     die_after: int | None = None  # chunks, then the connection drops
     hold_after: int | None = None  # chunks, then wait for ``release``
     hang: bool = False  # never answer
     leading_error: int | None = None  # first event is an in-band error with this code
     meta_info: dict[str, Any] | None = None  # per choice, when asked (``return_meta_info``)
+    usage: bool = True  # answers report their token counts (whole answers: ``usage``)
     texts: tuple[str, ...] = ("Hel", "lo", "!")
     loads: Any = None  # GET /v1/loads: this document (bytes as they are), else one idle rank
     loads_served: int = 0  # GET /v1/loads answered
@@ -187,15 +189,20 @@ class FakeWorker:
             doc = orjson.loads(body)
             self.requests.append(doc)
             self.headers.append(headers)
-            return await self._completion(doc, reader, writer)
+            fails = self.fail_marker is None or self.fail_marker in body
+            return await self._completion(doc, reader, writer, fails)
         return True
 
     async def _completion(
-        self, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        body: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        fails: bool = True,
     ) -> bool:
         """Play the script, watching the connection: a gateway that hangs up (an abort, a client
-        gone) ends it (``closed``)."""
-        script = asyncio.ensure_future(self._play(body, writer))
+        gone) ends it (``closed``). ``fails``: ``fail_status`` applies to this request."""
+        script = asyncio.ensure_future(self._play(body, writer, fails))
         watch = asyncio.ensure_future(reader.read(1))
         await asyncio.wait({script, watch}, return_when=asyncio.FIRST_COMPLETED)
         if script.done():
@@ -209,10 +216,12 @@ class FakeWorker:
             await script
         return False
 
-    async def _play(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+    async def _play(
+        self, body: dict[str, Any], writer: asyncio.StreamWriter, fails: bool = True
+    ) -> bool:
         if self.hang:
             await asyncio.Event().wait()
-        if self.fail_status is not None:
+        if self.fail_status is not None and fails:
             err = {"object": "error", "message": "The request queue is full.", "type": "x"}
             await _answer(writer, self.fail_status, {**err, "code": self.fail_status})
             return True
@@ -222,8 +231,9 @@ class FakeWorker:
                 "object": "chat.completion",
                 "model": MODEL,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}}],
-                "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
             }
+            if self.usage:
+                doc["usage"] = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
             if self.meta_info is not None and body.get("return_meta_info"):
                 for choice in doc["choices"]:
                     choice["meta_info"] = dict(self.meta_info)
@@ -241,7 +251,7 @@ class FakeWorker:
             error = {"error": {"message": "overloaded", "code": self.leading_error}}
             chunks = [sse(error), b"data: [DONE]\n\n"]
         else:
-            chunks = chat_chunks(body["rid"], self.texts)
+            chunks = chat_chunks(body["rid"], self.texts, usage=self.usage)
         transport = writer.transport
         for i, chunk in enumerate(chunks):
             if i == self.die_after:

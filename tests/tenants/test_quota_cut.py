@@ -1,6 +1,7 @@
 """A stream that ends before its usage chunk (the client hung up, the worker died) still spends
 its key's token quota: the tokens the client got are estimated from what was relayed, so cutting
-streams short is no way around a quota."""
+streams short is no way around a quota. The same holds off-stream: a whole answer the client hangs
+up on is charged for the time its worker spent on it, one without ``usage`` for its size."""
 
 from __future__ import annotations
 
@@ -46,5 +47,56 @@ async def test_a_stream_whose_worker_dies_before_its_usage_chunk_is_charged() ->
     async with harness(worker) as gw:
         cut = await gw.post(CHAT, chat(stream=True), headers=AUTH)
         assert cut.status == 200 and b"tok" in cut.body
+        refused = await gw.post(CHAT, chat(), headers=AUTH)
+    assert refused.status == 429
+
+
+async def test_a_whole_answer_the_client_hangs_up_on_is_charged() -> None:
+    """Off-stream nothing is relayed before the answer is done: the worker's time on it is
+    charged (at least 0.3 s of decoding at the nominal speed: over the 40-token quota)."""
+    worker = FakeWorker(hang=True)
+    async with harness(worker) as gw:
+        gone = asyncio.Event()
+        task = asyncio.create_task(gw.post(CHAT, chat(), headers=AUTH, disconnect=gone))
+        await wait_for(lambda: worker.requests)
+        await asyncio.sleep(0.3)
+        gone.set()
+        ex = await asyncio.wait_for(task, 5)
+        assert ex.status == 0  # hung up before any answer
+        await wait_for(lambda: worker.aborted)
+        assert gw.server is not None
+        state = gw.server.server_state
+        await wait_for(lambda: not state.tasks)  # the cut request's answer has ended
+        worker.hang = False
+        refused = await gw.post(CHAT, chat(), headers=AUTH)
+    assert refused.status == 429
+    assert "40 tokens per minute" in refused.json()["error"]["message"]
+
+
+async def test_the_charge_for_a_cut_whole_answer_is_bounded_by_max_tokens() -> None:
+    """A request bounded to 1 token costs its prompt and that token, however long it ran."""
+    worker = FakeWorker(hang=True)
+    tenants = TenantsConfig(keys={"team": TenantPolicy(tokens_per_min=60)})
+    async with GatewayHarness([worker], api_keys=[f"team:{SECRET}"], tenants=tenants) as gw:
+        gone = asyncio.Event()
+        task = asyncio.create_task(gw.post(CHAT, chat(max_tokens=1), headers=AUTH, disconnect=gone))
+        await wait_for(lambda: worker.requests)
+        await asyncio.sleep(0.5)  # 125 tokens at the nominal speed, were it unbounded
+        gone.set()
+        await asyncio.wait_for(task, 5)
+        assert gw.server is not None
+        state = gw.server.server_state
+        await wait_for(lambda: not state.tasks)
+        worker.hang = False
+        served = await gw.post(CHAT, chat(), headers=AUTH)
+    assert served.status == 200
+    assert 0 < 60 - int(served.headers["x-ratelimit-remaining-tokens"]) < 60
+
+
+async def test_a_whole_answer_without_usage_is_charged_for_its_size() -> None:
+    worker = FakeWorker(usage=False)
+    async with harness(worker) as gw:
+        first = await gw.post(CHAT, chat(), headers=AUTH)
+        assert first.status == 200 and "usage" not in first.json()
         refused = await gw.post(CHAT, chat(), headers=AUTH)
     assert refused.status == 429

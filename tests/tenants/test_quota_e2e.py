@@ -9,6 +9,7 @@ and the failures counted."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,13 @@ def refusal(kind: type[Exception], call: Callable[[], object], tries: int = 6) -
     raise AssertionError(f"not refused after {tries} requests")
 
 
-def metric(gw: ManagedProcess, series: str) -> float:
+def metric(gw: ManagedProcess, series: str, missing: float | None = None) -> float:
     ops = {"authorization": f"Bearer {KEYS['team-b']}"}  # keys are set: /metrics needs one
     for line in httpx.get(gw.url + "/metrics", headers=ops, timeout=5).text.splitlines():
         if line.startswith(series + " "):
             return float(line.split()[-1])
+    if missing is not None:
+        return missing
     raise AssertionError(f"{series} not exposed")
 
 
@@ -238,3 +241,28 @@ def test_redis_shares_the_quota_between_gateways_and_failing_open_is_counted(
     assert metric(first, 'dflash_gateway_limit_store_errors_total{limit="tokens"}') >= 1
     assert metric(first, 'dflash_gateway_limit_store_errors_total{limit="requests"}') >= 1
     assert "token-quota store unavailable" in first.logs()
+
+
+def test_a_whole_answer_the_client_hangs_up_on_spends_the_quota(
+    procs: ProcessManager, tmp_path: Path
+) -> None:
+    """A non-streamed request the client gives up on after 1 s (the emulator, at real speed, had
+    generated a couple of hundred tokens by then) spends the key's quota: the next one is
+    refused."""
+    config = write_config(tmp_path)
+    gw = start_gateway(procs, [emulator(procs, "emu")], args=("--config", config))
+    headers = {"authorization": f"Bearer {KEYS['team-a']}"}
+    long = chat(max_tokens=4000, ignore_eos=True)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gw.url + CHAT, json=long, headers=headers, timeout=1.0)
+    series = f'dflash_gateway_requests_total{{model="{MODEL}",route="{CHAT}",status="499"}}'
+    for _ in range(100):  # until the gateway saw the hang-up (the charge follows at once)
+        if metric(gw, series, missing=0.0) == 1:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the hang-up was not recorded")
+    time.sleep(0.2)
+    refused = post(gw, "team-a")
+    assert refused.status_code == 429
+    assert "50 tokens per minute" in error_of(refused)["message"]

@@ -70,3 +70,41 @@ def test_released_probe_frees_the_slot() -> None:
     breaker.on_attempt()
     breaker.on_released()
     assert breaker.allows()
+
+
+def test_one_keys_failures_alone_never_open_it() -> None:
+    breaker = _breaker(FakeClock())
+    for _ in range(10):
+        breaker.on_failure(source="a")
+    assert breaker.state is BreakerState.CLOSED
+
+
+def test_failures_of_two_keys_open_it() -> None:
+    breaker = _breaker(FakeClock())
+    for _ in range(5):
+        breaker.on_failure(source="a")  # two of these count (threshold 3)
+    assert breaker.state is BreakerState.CLOSED
+    breaker.on_failure(source="b")
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_unattributed_failures_count_in_full_and_a_success_resets_the_shares() -> None:
+    breaker = _breaker(FakeClock())
+    breaker.on_failure(source="a")
+    breaker.on_failure(source="a")
+    breaker.on_failure()  # a refused connection, a request without a key: the worker's
+    assert breaker.state is BreakerState.OPEN
+    breaker = _breaker(FakeClock())
+    breaker.on_failure(source="a")
+    breaker.on_failure(source="a")  # a's share used up
+    breaker.on_success()
+    breaker.on_failure(source="a")
+    breaker.on_failure(source="a")
+    breaker.on_failure(source="b")
+    assert breaker.state is BreakerState.OPEN  # a's share counted again after the success
+
+
+def test_with_a_threshold_of_one_any_failure_opens_it() -> None:
+    breaker = CircuitBreaker(failure_threshold=1, open_s=10.0, clock=FakeClock())
+    breaker.on_failure(source="a")
+    assert breaker.state is BreakerState.OPEN

@@ -116,7 +116,14 @@ EndpointSlice of a Service, naming the workers' headless Service - so exactly it
 {{- if and (not .Values.workers.enabled) (not .Values.externalWorkers.urls) (not (.Values.gateway.settings.discovery)) }}
 {{- fail "workers.enabled=false needs externalWorkers.urls or gateway.settings.discovery (else the gateway has no workers)" }}
 {{- end }}
-{{- if ne (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize) }}
+{{- if eq .Values.workers.engine "vllm" }}
+{{- if ne (int .Values.workers.gpus) (int .Values.workers.vllm.tensorParallelSize) }}
+{{- fail (printf "workers.gpus (%d) must equal workers.vllm.tensorParallelSize (%d): a DFlash worker uses exactly tp GPUs" (int .Values.workers.gpus) (int .Values.workers.vllm.tensorParallelSize)) }}
+{{- end }}
+{{- if .Values.workers.priorityScheduling }}
+{{- fail "workers.priorityScheduling is SGLang's (--enable-priority-scheduling): the gateway does not send priorities to vLLM workers" }}
+{{- end }}
+{{- else if ne (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize) }}
 {{- fail (printf "workers.gpus (%d) must equal workers.sglang.tpSize (%d): a DFLASH worker uses exactly tp GPUs" (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize)) }}
 {{- end }}
 {{- if le (int .Values.gateway.terminationGracePeriodSeconds) (add (int .Values.gateway.preStopSleepSeconds) (int .Values.gateway.drainSeconds)) }}

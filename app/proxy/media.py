@@ -1,0 +1,237 @@
+"""Which media URLs a request may send the workers: images (and a chat's video and audio parts).
+
+An SGLang worker fetches what a request points at, from inside the GPU network: ``http(s)://``
+URLs (following redirects), ``file://`` URLs and bare paths (read from its own disk), anything
+else decoded as base64. Left open, that is server-side request forgery from the worker nodes: a
+client could have the worker read ``http://169.254.169.254/`` (cloud credentials), internal
+services or local files. By default a URL must be
+
+- a ``data:`` URL (the image itself), or
+- an ``https:`` URL whose host is a public DNS name or a public IP address: not an IP literal in
+  a private, loopback, link-local, shared, multicast or reserved range (IPv4 in any of the forms
+  a resolver accepts, e.g. ``2130706433`` or ``127.1``; IPv6, IPv4-mapped included), not
+  ``localhost``, a name without a dot (resolved through the workers' search domains: cluster
+  services) or a name under ``.localhost``, ``.local``, ``.localdomain``, ``.internal``,
+  ``.intranet``, ``.lan``, ``.home.arpa`` or ``.svc``; with no userinfo (``user@``), no
+  backslash, whitespace or control characters, and written in lower case as the worker matches
+  it.
+
+A DNS name is not resolved here: a public name that resolves to an internal address, or a
+public URL that redirects to one, still reaches the worker. Resolving would not close that (the
+worker resolves again, later); a network policy on the workers' egress does. The check is about
+what a request can name, cheaply, for every request.
+
+``limits.image_url_allow`` widens it, one entry per item (comma-separated in the environment):
+``scheme:`` allows a scheme (``http:``; ``file:`` lets clients read the workers' files), and a
+host pattern -- ``name``, ``*.suffix``, an IP address or a CIDR network -- allows that host
+over any allowed scheme even when it is private; ``*`` allows every URL.
+
+``check_image_url(url, policy, field)`` is the one check, raising ``InvalidRequest`` (400) naming
+``field``; ``check_chat_media(messages, policy)`` applies it to a chat request's content parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from app.errors import InvalidRequest
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+DEFAULT_SCHEMES = frozenset({"data", "https"})
+_INTERNAL_SUFFIXES = (
+    ".localhost",
+    ".local",
+    ".localdomain",
+    ".internal",
+    ".intranet",
+    ".lan",
+    ".home.arpa",
+    ".svc",
+)
+_HOST_NAME = re.compile(r"[a-z0-9-]+(?:\.[a-z0-9-]+)*\.?")
+_BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
+_SCHEME_ENTRY = re.compile(r"[a-z][a-z0-9+.-]*:")
+_LEGACY_IPV4 = re.compile(r"[0-9a-fx.]+")
+# The content parts whose URL a worker fetches.
+MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+MARKER = b'_url"'  # in every part's key: a body without it has no media URL at all
+_MARKER = re.compile(re.escape(MARKER))  # searches a buffer without copying it
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePolicy:
+    """The media URLs a request may send (see the module doc)."""
+
+    schemes: frozenset[str] = DEFAULT_SCHEMES
+    names: frozenset[str] = frozenset()  # hosts allowed whatever they are
+    suffixes: tuple[str, ...] = ()  # ``*.suffix`` patterns, as ``.suffix``
+    networks: tuple[IPNetwork, ...] = ()  # addresses allowed though private
+    any_url: bool = False  # ``*``: no check at all
+
+
+DEFAULT_POLICY = ImagePolicy()
+
+
+@functools.cache
+def image_policy(allow: tuple[str, ...]) -> ImagePolicy:
+    """The policy for ``limits.image_url_allow`` entries (built once per set of entries); a
+    ``ValueError`` for an entry that is none of the forms in the module doc."""
+    if not allow:
+        return DEFAULT_POLICY
+    schemes, names, suffixes, networks = set(DEFAULT_SCHEMES), set(), [], []
+    any_url = False
+    for raw in allow:
+        entry = raw.strip().lower()
+        if entry == "*":
+            any_url = True
+        elif _SCHEME_ENTRY.fullmatch(entry):
+            schemes.add(entry[:-1])
+        elif entry.startswith("*."):
+            suffix = entry[1:].rstrip(".")
+            if not _HOST_NAME.fullmatch(suffix[1:]):
+                raise ValueError(f"{raw!r} is not a host pattern")
+            suffixes.append(suffix)
+        else:
+            try:
+                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            if not _HOST_NAME.fullmatch(entry):
+                raise ValueError(
+                    f"{raw!r} is neither a scheme (http:), a host (name, *.suffix) nor an "
+                    "address or network"
+                )
+            names.add(entry.rstrip("."))
+    return ImagePolicy(
+        frozenset(schemes), frozenset(names), tuple(suffixes), tuple(networks), any_url
+    )
+
+
+def _refuse(field: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: {why}", param=field)
+
+
+def check_image_url(url: Any, policy: ImagePolicy, field: str) -> None:
+    """Refuse (``InvalidRequest``, 400 naming ``field``) a media URL ``policy`` does not allow."""
+    if not isinstance(url, str) or not url:
+        raise _refuse(field, "a non-empty string URL is required")
+    if policy.any_url:
+        return
+    scheme, colon, _ = url.partition(":")
+    if not colon or not _SCHEME_ENTRY.fullmatch(scheme.lower() + ":"):
+        raise _refuse(field, "must be a data: URL or an https: URL")
+    if scheme != scheme.lower():
+        raise _refuse(field, f"the scheme must be written in lower case ({scheme.lower()}:)")
+    if scheme not in policy.schemes:
+        allowed = ", ".join(f"{s}:" for s in sorted(policy.schemes))
+        raise _refuse(field, f"{scheme}: URLs are not accepted (allowed: {allowed})")
+    if scheme == "data" or scheme == "file":
+        return
+    if _BAD_CHARS.search(url):
+        raise _refuse(field, "the URL holds whitespace, control characters or a backslash")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 -- raises ValueError for a port out of range
+    except ValueError:
+        raise _refuse(field, "not a valid URL") from None
+    if "@" in parts.netloc:
+        raise _refuse(field, "a URL with credentials (user@host) is not accepted")
+    if not host:
+        raise _refuse(field, "the URL names no host")
+    if not _host_allowed(host.rstrip(".") if not host.startswith("[") else host, policy):
+        raise _refuse(
+            field, f"the host {host!r} is not a public address (see limits.image_url_allow)"
+        )
+
+
+def _host_allowed(host: str, policy: ImagePolicy) -> bool:
+    """Whether ``host`` (lower case, as ``urlsplit`` gives it) may be fetched."""
+    address = _address(host)
+    if address is not None:
+        if any(address in network for network in policy.networks):
+            return True
+        mapped = getattr(address, "ipv4_mapped", None)
+        return _public(address) and (mapped is None or _public(mapped))
+    if host in policy.names or any(
+        host.endswith(suffix) or host == suffix[1:] for suffix in policy.suffixes
+    ):
+        return True
+    if not _HOST_NAME.fullmatch(host):  # percent-encoding, unicode, stray characters
+        return False
+    return "." in host and host != "localhost" and not host.endswith(_INTERNAL_SUFFIXES)
+
+
+def _public(address: IPAddress) -> bool:
+    return address.is_global and not (
+        address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or address.is_loopback
+        or address.is_link_local
+    )
+
+
+def _address(host: str) -> IPAddress | None:
+    """The IP address ``host`` is, in any form a resolver reads as one (None for a name)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if _LEGACY_IPV4.fullmatch(host):
+        try:  # 127.1, 2130706433, 0x7f.0.0.1, 017700000001: what inet_aton (and curl) accept
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+class _URL(msgspec.Struct, gc=False):
+    url: Any = None
+
+
+class _Part(msgspec.Struct, gc=False):
+    image_url: msgspec.Raw = msgspec.Raw()
+    video_url: msgspec.Raw = msgspec.Raw()
+    audio_url: msgspec.Raw = msgspec.Raw()
+
+
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_PART = msgspec.json.Decoder(_Part)
+_URL_OBJECT = msgspec.json.Decoder(_URL)
+_ANY = msgspec.json.Decoder()
+
+
+def check_chat_media(contents: Sequence[Any], policy: ImagePolicy) -> None:
+    """Check the media URLs of a chat request's messages (``contents``: each message's raw
+    ``content`` span): every ``image_url``/``video_url``/``audio_url`` part's ``url`` (or the
+    part's value, when a string). Only contents that hold a part key are decoded."""
+    for i, content in enumerate(contents):
+        view = memoryview(content)
+        if not view or view[0] != ord("[") or _MARKER.search(view) is None:
+            continue
+        for j, item in enumerate(_RAW_LIST.decode(view)):
+            if not item or memoryview(item)[0] != ord("{") or _MARKER.search(item) is None:
+                continue
+            part = _PART.decode(item)
+            for name in MEDIA_PARTS:
+                raw = getattr(part, name)
+                if not len(raw):
+                    continue
+                field = f"messages.{i}.content.{j}.{name}"
+                if memoryview(raw)[0] == ord("{"):
+                    check_image_url(_URL_OBJECT.decode(raw).url, policy, field + ".url")
+                else:
+                    check_image_url(_ANY.decode(raw), policy, field)
