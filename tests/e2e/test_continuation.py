@@ -257,3 +257,29 @@ def test_curl_sees_one_stream(fresh: Stack) -> None:
         chunks = chunks_of(events)
         assert len({c["id"] for c in chunks}) == 1
         assert texts(chunks) == want
+
+
+def test_a_stream_is_not_continued_on_a_vllm_worker(tmp_path: Path) -> None:
+    """Continuations follow SGLang's continue_final_message: with only a vLLM worker left, the
+    broken stream ends with the in-band error (counted as no_worker)."""
+    manager = ProcessManager(tmp_path)
+    env = {"DFLASH_GATEWAY_POLICY": "round_robin"}
+    try:
+        sglang = emulator(manager, "emu-sglang", "--seed", "1")
+        vllm = emulator(manager, "emu-vllm", "--seed", "1", "--engine", "vllm")
+        gw = gateway(manager, [sglang, vllm], env=env)
+        Stack(gw, [sglang]).control(sglang, "/emulator/faults", {"die_after_chunks": 6})
+        ends = []
+        for _ in range(2):  # round robin: one starts on each
+            events = events_of(httpx.post(gw.url + CHAT, json=body(), timeout=60).text)
+            assert events[-1] == "[DONE]"
+            ends.append(orjson.loads(events[-2]).get("error", {}).get("code"))
+        assert sorted(ends, key=str) == [None, "stream_interrupted"]
+        metrics = httpx.get(gw.url + "/metrics", timeout=5).text
+        assert 'dflash_gateway_stream_continuations_total{outcome="no_worker"} 1.0' in metrics
+    except BaseException:
+        for chunk in manager.dump_logs():
+            print(chunk)
+        raise
+    finally:
+        manager.stop_all()
