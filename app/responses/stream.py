@@ -44,7 +44,8 @@ that goes event by event, with the same output and the same errors.
 
 from __future__ import annotations
 
-from itertools import compress
+from itertools import chain, compress, repeat
+from operator import and_
 from typing import Any
 
 import orjson
@@ -81,7 +82,21 @@ _FAST_START = b'data: {"id":'
 _CUT = 1 - len(_FAST_END)  # the delta's JSON string ends where _FAST_END begins, after its quote
 _END = b"}\n\n"
 _TAIL = _SEQ + b"%d" + _END  # a delta event's end, after its literal
-_SEP = _FAST_END[1:] + b"\n\n"  # a common delta's end after its literal's quote, its blank line
+_TAILS: list[bytes] = []  # _TAIL for the sequence numbers 0, 1, ... (grown on demand)
+_MAX_TAILS = 1 << 14
+_RUN_END = _FAST_END[-3:] + b"\n\n"  # where ``_run`` cuts: the end of an event, its blank line
+_RUN_TAIL = _FAST_END[:-3]  # a common delta's end from its literal's closing quote to _RUN_END
+_RUN_WINDOW = 1 << 15  # bytes a ``_run`` looks at: its cost is bounded, a longer run is several
+
+
+def _tails(seq: int, count: int) -> list[bytes]:
+    """``_TAIL`` for ``count`` sequence numbers from ``seq``."""
+    stop = seq + count
+    if stop > len(_TAILS) and stop <= _MAX_TAILS:
+        _TAILS.extend(map(_TAIL.__mod__, range(len(_TAILS), stop)))
+    if stop <= len(_TAILS):
+        return _TAILS[seq:stop]
+    return list(map(_TAIL.__mod__, range(seq, stop)))
 
 
 def _bad(what: str) -> UpstreamBadResponse:
@@ -149,7 +164,6 @@ class ResponsesStream(StreamState):
         "_pieces",
         "_prefix",
         "_raw_usage",
-        "_run_sep",
         "_seq",
         "_steps",
         "_tool",
@@ -167,9 +181,8 @@ class ResponsesStream(StreamState):
         self._pieces: list[str] = []  # the open item's text or arguments so far
         self._head = b""  # the open item's delta event, up to its delta value
         # The worker's common delta event up to its literal, as this item's first one had it
-        # (``_quick``), and the bytes between two such literals (``_run``); None: not seen yet.
+        # (``_quick``; ``_run`` looks for it); None: not seen yet.
         self._prefix: bytes | None = None
-        self._run_sep: bytes | None = None
         self._tool: Any = None  # the worker's index of the open tool call
         self._finish: Any = None
         self._raw_usage: Any = None
@@ -204,14 +217,16 @@ class ResponsesStream(StreamState):
         out: list[bytes] = []
         begun = self.first_data
         pos = 0
+        runs = True  # until a ``_run`` finds none: then event by event (no rescans)
         try:
             while pos <= end:  # the events of ``region``, as ``region.split(b"\n\n")`` has them
                 prefix = self._prefix
-                if prefix is not None and region.startswith(prefix, pos):
+                if runs and prefix is not None and region.startswith(prefix, pos):
                     after = self._run(region, pos, out)
                     if after > pos:
                         pos = after
                         continue
+                    runs = False
                 cut = region.find(b"\n\n", pos)
                 if cut < 0:
                     cut = end
@@ -260,8 +275,7 @@ class ResponsesStream(StreamState):
         self.events += 1
         self._steps += 1
         if self._prefix is None:
-            self._prefix = prefix = event[: at + len(marker)]
-            self._run_sep = _SEP + prefix
+            self._prefix = event[: at + len(marker)]
         if not text:
             return b""
         self._pieces.append(text)
@@ -270,43 +284,56 @@ class ResponsesStream(StreamState):
         return self._head + literal + _SEQ + b"%d" % seq + _END
 
     def _run(self, region: bytes, pos: int, out: list[bytes]) -> int:
-        """The run of common deltas at ``pos`` (an event's start, where ``_prefix`` is), all but
-        its last event, in one pass; returns where the next event starts (``pos``: nothing done,
-        the events go one by one). Each event of the run is ``_prefix``, a literal, ``_SEP``, as
-        ``_quick`` takes it: so the run is the ``_run_sep`` split of the region, and each piece
-        but the last is one event's literal if the pieces, as a JSON array, are exactly as many
-        strings (a piece with a newline, which could hide an event's end, is never taken)."""
-        prefix, sep = self._prefix, self._run_sep
-        assert prefix is not None and sep is not None
-        pieces = region[pos + len(prefix) :].split(sep)
-        if len(pieces) < 3:
-            return pos  # one event or two: ``_quick`` does as well
-        rest = pieces.pop()
-        joined = b",".join(pieces)
+        """The run of common deltas at ``pos`` (an event's start, where ``_prefix`` is) in one
+        pass; returns where the next event starts (``pos``: nothing done, the events go one by
+        one). The region is cut at every event end that could be a common delta's (``_RUN_END``:
+        its last bytes and the blank line); the run is the leading pieces that are ``_prefix``,
+        a literal, ``_RUN_TAIL``, each exactly the event ``_quick`` takes whole, if their
+        literals, as a JSON array, are exactly as many strings (a literal with a newline, which
+        could hide an event's end, is never taken)."""
+        prefix = self._prefix
+        assert prefix is not None
+        pieces = region[pos : pos + _RUN_WINDOW].split(_RUN_END)
+        pieces.pop()  # not followed by an event's end here: the next run's, or an event alone
+        whole = list(
+            map(
+                and_,
+                map(bytes.startswith, pieces, repeat(prefix)),
+                map(bytes.endswith, pieces, repeat(_RUN_TAIL)),
+            )
+        )
+        if False in whole:
+            del pieces[whole.index(False) :]
+        count = len(pieces)
+        if count < 2:
+            return pos  # one event: ``_quick`` does as well
+        literals = list(
+            map(bytes.__getitem__, pieces, repeat(slice(len(prefix), 1 - len(_RUN_TAIL))))
+        )
+        joined = b",".join(literals)
         if b"\n" in joined:
             return pos
         try:
             texts = orjson.loads(b"[" + joined + b"]")
         except orjson.JSONDecodeError:
             return pos
-        if len(texts) != len(pieces):
+        if len(texts) != count:
             return pos
         try:
             text = "".join(texts)
         except TypeError:  # not all strings
             return pos
-        count = len(pieces)
         self.events += count
         self._steps += count
         if text:
             self._pieces.append(text)
-            literals = list(compress(pieces, texts))  # an empty delta writes no event
+            if "" in texts:
+                literals = list(compress(literals, texts))  # an empty delta writes no event
             seq = self._seq
             self._seq = seq + len(literals)
-            tails = map(_TAIL.__mod__, range(seq, seq + len(literals)))
-            head = self._head
-            out.append(head + head.join(map(bytes.__add__, literals, tails)))
-        return len(region) - len(rest) - len(prefix)
+            parts = zip(repeat(self._head), literals, _tails(seq, len(literals)))
+            out.append(b"".join(chain.from_iterable(parts)))
+        return pos + sum(map(len, pieces)) + count * len(_RUN_END)
 
     def finish(self) -> bytes:
         """A last ``data: [DONE]`` without its blank line still ends the response."""
@@ -426,7 +453,7 @@ class ResponsesStream(StreamState):
     def _open(self, kind: str, item: dict[str, Any], out: list[bytes]) -> None:
         self._close(out)
         self._kind, self._item, self._pieces = kind, item, []
-        self._prefix = self._run_sep = None
+        self._prefix = None
         key = _CONTENT if kind == "message" else _REASONING if kind == "reasoning" else None
         self._marker = None if key is None else _FAST_CHOICE + key
         index = len(self._output)
