@@ -86,7 +86,10 @@ _TAILS: list[bytes] = []  # _TAIL for the sequence numbers 0, 1, ... (grown on d
 _MAX_TAILS = 1 << 14
 _RUN_END = _FAST_END[-3:] + b"\n\n"  # where ``_run`` cuts: the end of an event, its blank line
 _RUN_TAIL = _FAST_END[:-3]  # a common delta's end from its literal's closing quote to _RUN_END
-_RUN_WINDOW = 1 << 15  # bytes a ``_run`` looks at: its cost is bounded, a longer run is several
+# The bytes a ``_run`` looks at first, then at a time while the run goes on: what a read that
+# is no run costs is bounded, whatever its size.
+_RUN_FIRST = 1 << 14
+_RUN_WINDOW = 1 << 16
 
 
 def _tails(seq: int, count: int) -> list[bytes]:
@@ -217,16 +220,16 @@ class ResponsesStream(StreamState):
         out: list[bytes] = []
         begun = self.first_data
         pos = 0
-        runs = True  # until a ``_run`` finds none: then event by event (no rescans)
+        tried = None  # the item's ``_prefix`` a ``_run`` looked for (once per item and read)
         try:
             while pos <= end:  # the events of ``region``, as ``region.split(b"\n\n")`` has them
                 prefix = self._prefix
-                if runs and prefix is not None and region.startswith(prefix, pos):
+                if prefix is not None and prefix is not tried and region.startswith(prefix, pos):
+                    tried = prefix
                     after = self._run(region, pos, out)
                     if after > pos:
                         pos = after
                         continue
-                    runs = False
                 cut = region.find(b"\n\n", pos)
                 if cut < 0:
                     cut = end
@@ -293,47 +296,53 @@ class ResponsesStream(StreamState):
         could hide an event's end, is never taken)."""
         prefix = self._prefix
         assert prefix is not None
-        pieces = region[pos : pos + _RUN_WINDOW].split(_RUN_END)
-        pieces.pop()  # not followed by an event's end here: the next run's, or an event alone
-        whole = list(
-            map(
-                and_,
-                map(bytes.startswith, pieces, repeat(prefix)),
-                map(bytes.endswith, pieces, repeat(_RUN_TAIL)),
+        cut = slice(len(prefix), 1 - len(_RUN_TAIL))  # a piece's literal
+        size = _RUN_FIRST
+        while True:
+            window = region[pos : pos + size]
+            pieces = window.split(_RUN_END)
+            pieces.pop()  # not followed by an event's end here: the next window's, or alone
+            whole = list(
+                map(
+                    and_,
+                    map(bytes.startswith, pieces, repeat(prefix)),
+                    map(bytes.endswith, pieces, repeat(_RUN_TAIL)),
+                )
             )
-        )
-        if False in whole:
-            del pieces[whole.index(False) :]
-        count = len(pieces)
-        if count < 2:
-            return pos  # one event: ``_quick`` does as well
-        literals = list(
-            map(bytes.__getitem__, pieces, repeat(slice(len(prefix), 1 - len(_RUN_TAIL))))
-        )
-        joined = b",".join(literals)
-        if b"\n" in joined:
-            return pos
-        try:
-            texts = orjson.loads(b"[" + joined + b"]")
-        except orjson.JSONDecodeError:
-            return pos
-        if len(texts) != count:
-            return pos
-        try:
-            text = "".join(texts)
-        except TypeError:  # not all strings
-            return pos
-        self.events += count
-        self._steps += count
-        if text:
-            self._pieces.append(text)
-            if "" in texts:
-                literals = list(compress(literals, texts))  # an empty delta writes no event
-            seq = self._seq
-            self._seq = seq + len(literals)
-            parts = zip(repeat(self._head), literals, _tails(seq, len(literals)))
-            out.append(b"".join(chain.from_iterable(parts)))
-        return pos + sum(map(len, pieces)) + count * len(_RUN_END)
+            ends = False in whole
+            if ends:
+                del pieces[whole.index(False) :]
+            count = len(pieces)
+            if count < 2:
+                return pos  # one event: ``_quick`` does as well
+            literals = list(map(bytes.__getitem__, pieces, repeat(cut)))
+            joined = b",".join(literals)
+            if b"\n" in joined:
+                return pos
+            try:
+                texts = orjson.loads(b"[" + joined + b"]")
+            except orjson.JSONDecodeError:
+                return pos
+            if len(texts) != count:
+                return pos
+            try:
+                text = "".join(texts)
+            except TypeError:  # not all strings
+                return pos
+            self.events += count
+            self._steps += count
+            if text:
+                self._pieces.append(text)
+                if "" in texts:
+                    literals = list(compress(literals, texts))  # an empty delta writes no event
+                seq = self._seq
+                self._seq = seq + len(literals)
+                parts = zip(repeat(self._head), literals, _tails(seq, len(literals)))
+                out.append(b"".join(chain.from_iterable(parts)))
+            pos += sum(map(len, pieces)) + count * len(_RUN_END)
+            if ends or len(window) < size:
+                return pos
+            size = _RUN_WINDOW
 
     def finish(self) -> bytes:
         """A last ``data: [DONE]`` without its blank line still ends the response."""
