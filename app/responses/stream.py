@@ -81,7 +81,7 @@ _FAST_END = b'"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
 _FAST_START = b'data: {"id":'
 _CUT = 1 - len(_FAST_END)  # the delta's JSON string ends where _FAST_END begins, after its quote
 _END = b"}\n\n"
-_TAIL = _SEQ + b"%d" + _END  # a delta event's end, after its literal
+_TAIL = b'"' + _SEQ + b"%d" + _END  # a delta event's end, from its literal's closing quote
 _TAILS: list[bytes] = []  # _TAIL for the sequence numbers 0, 1, ... (grown on demand)
 _MAX_TAILS = 1 << 14
 _RUN_END = _FAST_END[-3:] + b"\n\n"  # where ``_run`` cuts: the end of an event, its blank line
@@ -296,31 +296,48 @@ class ResponsesStream(StreamState):
         could hide an event's end, is never taken)."""
         prefix = self._prefix
         assert prefix is not None
-        cut = slice(len(prefix), 1 - len(_RUN_TAIL))  # a piece's literal
+        cut = slice(len(prefix), -len(_RUN_TAIL))  # a piece's literal, less its closing quote
+        glue = _RUN_TAIL + _RUN_END + prefix  # between two literals of a run
         size = _RUN_FIRST
         while True:
             window = region[pos : pos + size]
             pieces = window.split(_RUN_END)
             pieces.pop()  # not followed by an event's end here: the next window's, or alone
-            whole = list(
-                map(
-                    and_,
-                    map(bytes.startswith, pieces, repeat(prefix)),
-                    map(bytes.endswith, pieces, repeat(_RUN_TAIL)),
+            ends = False
+            for _ in range(2):  # commonly the stream's last events (finish, usage) end the run
+                if pieces and not (
+                    pieces[-1].startswith(prefix) and pieces[-1].endswith(_RUN_TAIL)
+                ):
+                    pieces.pop()
+                    ends = True
+            literals = list(map(bytes.__getitem__, pieces, repeat(cut)))
+            rebuilt = glue.join(literals)
+            if not (
+                window.startswith(prefix)
+                and window.startswith(rebuilt, len(prefix))
+                and window.startswith(_RUN_TAIL + _RUN_END, len(prefix) + len(rebuilt))
+            ):  # not every piece is a common delta: the run ends at the first that is not
+                whole = list(
+                    map(
+                        and_,
+                        map(bytes.startswith, pieces, repeat(prefix)),
+                        map(bytes.endswith, pieces, repeat(_RUN_TAIL)),
+                    )
                 )
-            )
-            ends = False in whole
-            if ends:
-                del pieces[whole.index(False) :]
+                if False in whole:
+                    ends = True
+                    del pieces[whole.index(False) :]
+                    del literals[len(pieces) :]
             count = len(pieces)
             if count < 2:
                 return pos  # one event: ``_quick`` does as well
-            literals = list(map(bytes.__getitem__, pieces, repeat(cut)))
-            joined = b",".join(literals)
-            if b"\n" in joined:
+            # A newline in each separator: no string can run on into the next literal (a raw
+            # newline is not JSON in a string), and none may be in a literal.
+            joined = b'"\n,'.join(literals)
+            if joined.count(b"\n") != count - 1:
                 return pos
             try:
-                texts = orjson.loads(b"[" + joined + b"]")
+                texts = orjson.loads(b"[" + joined + b'"]')
             except orjson.JSONDecodeError:
                 return pos
             if len(texts) != count:

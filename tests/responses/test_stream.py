@@ -190,7 +190,7 @@ def delta_event(key: str, literal: bytes) -> bytes:
 TEXTS = ["a", "bc ", " ", "\n", '"', "\\", "é", "日本", "😀", "\u2028", "\x01", "/", ""]
 FORGED = [
     b"1", b"null", b'"a","b"', b' "a"', b'"a" ', b'"\\ud800"', b'"\xff"', b'"\xc3', b'\xa9"',
-    b'"a\nb"', b'\n"a"', b'"a"\n\n"b"', b'["a"]', b'{"x":1}', b'"a"],["b"', b'"\\u00e9"', b'""',
+    b'"a\nb"', b'\n"a"', b'"a"\n\n"b"', b'["a"]', b'{"x":1}', b'"a"],["b"', b'"\\u00e9"', b'""', b'"a\\"', b'"\\\\"',
 ]  # fmt: skip
 OTHERS = [
     WORKER[0], WORKER[5], WORKER[6], WORKER[8], USAGE, b"data: [DONE]\n\n",
@@ -239,3 +239,14 @@ def test_a_read_of_many_events_is_translated_as_they_are_one_by_one(seed: int) -
     one_by_one = outcome([WORKER[0], *rest])
     assert outcome([WORKER[0], data]) == one_by_one
     assert outcome([WORKER[0], *pieces]) == one_by_one
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_run_in_one_read_is_translated_as_event_by_event(seed: int) -> None:
+    # Longer than the bytes a run looks at in one go; a forged literal somewhere in it.
+    rng = random.Random(seed)
+    texts = ["".join(rng.choice(TEXTS) for _ in range(rng.randrange(1, 6))) for _ in range(1500)]
+    rest = [delta_event("content", orjson.dumps(text)) for text in texts]
+    rest.insert(rng.randrange(len(rest)), delta_event("content", rng.choice(FORGED)))
+    rest += [sse({}, "stop"), USAGE, b"data: [DONE]\n\n"]
+    assert outcome([WORKER[0], b"".join(rest)]) == outcome([WORKER[0], *rest])
