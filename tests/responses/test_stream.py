@@ -190,7 +190,8 @@ def delta_event(key: str, literal: bytes) -> bytes:
 TEXTS = ["a", "bc ", " ", "\n", '"', "\\", "é", "日本", "😀", "\u2028", "\x01", "/", ""]
 FORGED = [
     b"1", b"null", b'"a","b"', b' "a"', b'"a" ', b'"\\ud800"', b'"\xff"', b'"\xc3', b'\xa9"',
-    b'"a\nb"', b'\n"a"', b'"a"\n\n"b"', b'["a"]', b'{"x":1}', b'"a"],["b"', b'"\\u00e9"', b'""', b'"a\\"', b'"\\\\"',
+    b'"a\nb"', b'\n"a"', b'"a"\n\n"b"', b'["a"]', b'{"x":1}', b'"a"],["b"',
+    b'"\\u00e9"', b'""', b'"a\\"', b'"\\\\"',
 ]  # fmt: skip
 OTHERS = [
     WORKER[0], WORKER[5], WORKER[6], WORKER[8], USAGE, b"data: [DONE]\n\n",
