@@ -355,7 +355,7 @@ class ResponsesStream(StreamState):
                 seq = self._seq
                 self._seq = seq + len(literals)
                 parts = zip(repeat(self._head), literals, _tails(seq, len(literals)))
-                out.append(b"".join(chain.from_iterable(parts)))
+                out.extend(chain.from_iterable(parts))  # joined once, with the read's others
             pos += sum(map(len, pieces)) + count * len(_RUN_END)
             if ends or len(window) < size:
                 return pos
@@ -472,9 +472,14 @@ class ResponsesStream(StreamState):
 
     def _begin(self, out: list[bytes]) -> None:
         self.first_data = True
-        response = self._response("in_progress")
-        out.append(self._event({"type": "response.created", "response": response}))
-        out.append(self._event({"type": "response.in_progress", "response": response}))
+        response = orjson.dumps(self._response("in_progress"))  # once for both events
+        for kind in (b"response.created", b"response.in_progress"):
+            seq = self._seq
+            self._seq = seq + 1
+            out.append(
+                b'event: %s\ndata: {"type":"%s","response":%s,"sequence_number":%d}\n\n'
+                % (kind, kind, response, seq)
+            )
 
     def _open(self, kind: str, item: dict[str, Any], out: list[bytes]) -> None:
         self._close(out)
