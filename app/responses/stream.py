@@ -34,12 +34,16 @@ numbers never skip.
 Cost per chunk: for the common delta (one text or reasoning delta of the open item's kind, in
 SGLang's layout) no parse of the worker's event: its JSON string literal is cut out, checked to be
 one string, and written as it is between bytes prepared when its item opened; no dict is built.
-Other events get one orjson parse each. At saturation a whole stream arrives in a few reads, so
-a read's run of such deltas is done in one pass (``_run``): one ``split`` on the bytes between
-two of them (the end of one, the blank line, the start of the next, which SGLang repeats verbatim
-within a stream), every literal of the run checked at once (one orjson parse of them as an
-array: exactly one string each), the output built with one ``join``. A run that is not exactly
-that goes event by event, with the same output and the same errors.
+Other events get one orjson parse each. At saturation a whole stream arrives in a read or two,
+so a read's run of such deltas is done in one pass (``_run``) instead of one ``_quick`` each: the
+read cut at event ends (one ``split``), the run checked by rebuilding it from its literals (one
+``join`` and one compare: SGLang repeats the bytes around a delta verbatim within a stream),
+every literal checked at once (one orjson parse of them as an array: exactly one string each),
+the client's events built from prepared bytes and joined once with the read's others. What is
+not exactly such a run goes event by event; either way the client gets the same bytes and the
+same errors (``tests/responses/test_stream.py`` compares them, hostile literals included). A
+run is looked for once per item and read, in windows of bounded size, so a read that is none
+costs a bounded amount more.
 """
 
 from __future__ import annotations
@@ -287,13 +291,15 @@ class ResponsesStream(StreamState):
         return self._head + literal + _SEQ + b"%d" % seq + _END
 
     def _run(self, region: bytes, pos: int, out: list[bytes]) -> int:
-        """The run of common deltas at ``pos`` (an event's start, where ``_prefix`` is) in one
-        pass; returns where the next event starts (``pos``: nothing done, the events go one by
-        one). The region is cut at every event end that could be a common delta's (``_RUN_END``:
-        its last bytes and the blank line); the run is the leading pieces that are ``_prefix``,
-        a literal, ``_RUN_TAIL``, each exactly the event ``_quick`` takes whole, if their
-        literals, as a JSON array, are exactly as many strings (a literal with a newline, which
-        could hide an event's end, is never taken)."""
+        """The run of common deltas at ``pos`` (an event's start, where ``_prefix`` is), in
+        one pass; returns where the next event starts (``pos``: nothing done, the events go one
+        by one). The region is cut at every end of an event that could be a common delta
+        (``_RUN_END``: its last bytes and the blank line); the run is the leading pieces that are
+        each ``_prefix``, a literal and ``_RUN_TAIL``, exactly the event ``_quick`` takes whole:
+        checked at once by rebuilding the run from the literals, else piece by piece. Its
+        literals, a raw newline between each two (never inside a JSON string, so none can run
+        on into the next), must parse as an array of exactly as many strings, and hold no
+        newline themselves (which could hide an event's end); else nothing is done."""
         prefix = self._prefix
         assert prefix is not None
         cut = slice(len(prefix), -len(_RUN_TAIL))  # a piece's literal, less its closing quote
