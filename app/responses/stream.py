@@ -31,13 +31,25 @@ after it. An event is checked whole before any of its events is written; the eve
 before a broken one go out, the failure with the next read (or the stream's end), so sequence
 numbers never skip.
 
-Cost per chunk: one orjson parse of the worker's event (as the Messages surface) and, for the
-common delta, one ``orjson.dumps`` of the delta string joined to bytes prepared when its item
-opened: no dict is built per delta.
+Cost per chunk: for the common delta (one text or reasoning delta of the open item's kind, in
+SGLang's layout) no parse of the worker's event: its JSON string literal is cut out, checked to be
+one string, and written as it is between bytes prepared when its item opened; no dict is built.
+Other events get one orjson parse each. At saturation a whole stream arrives in a read or two,
+so a read's run of such deltas is done in one pass (``_run``) instead of one ``_quick`` each: the
+read cut at event ends (one ``split``), the run checked by rebuilding it from its literals (one
+``join`` and one compare: SGLang repeats the bytes around a delta verbatim within a stream),
+every literal checked at once (one orjson parse of them as an array: exactly one string each),
+the client's events built from prepared bytes and joined once with the read's others. What is
+not exactly such a run goes event by event; either way the client gets the same bytes and the
+same errors (``tests/responses/test_stream.py`` compares them, hostile literals included). A
+run is looked for once per item and read, in windows of bounded size, so a read that is none
+costs a bounded amount more.
 """
 
 from __future__ import annotations
 
+from itertools import chain, compress, repeat
+from operator import and_
 from typing import Any
 
 import orjson
@@ -73,6 +85,25 @@ _FAST_END = b'"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
 _FAST_START = b'data: {"id":'
 _CUT = 1 - len(_FAST_END)  # the delta's JSON string ends where _FAST_END begins, after its quote
 _END = b"}\n\n"
+_TAIL = b'"' + _SEQ + b"%d" + _END  # a delta event's end, from its literal's closing quote
+_TAILS: list[bytes] = []  # _TAIL for the sequence numbers 0, 1, ... (grown on demand)
+_MAX_TAILS = 1 << 14
+_RUN_END = _FAST_END[-3:] + b"\n\n"  # where ``_run`` cuts: the end of an event, its blank line
+_RUN_TAIL = _FAST_END[:-3]  # a common delta's end from its literal's closing quote to _RUN_END
+# The bytes a ``_run`` looks at first, then at a time while the run goes on: what a read that
+# is no run costs is bounded, whatever its size.
+_RUN_FIRST = 1 << 14
+_RUN_WINDOW = 1 << 16
+
+
+def _tails(seq: int, count: int) -> list[bytes]:
+    """``_TAIL`` for ``count`` sequence numbers from ``seq``."""
+    stop = seq + count
+    if stop > len(_TAILS) and stop <= _MAX_TAILS:
+        _TAILS.extend(map(_TAIL.__mod__, range(len(_TAILS), stop)))
+    if stop <= len(_TAILS):
+        return _TAILS[seq:stop]
+    return list(map(_TAIL.__mod__, range(seq, stop)))
 
 
 def _bad(what: str) -> UpstreamBadResponse:
@@ -142,6 +173,7 @@ class ResponsesStream(StreamState):
         "_output",
         "_pending",
         "_pieces",
+        "_prefix",
         "_raw_usage",
         "_seq",
         "_steps",
@@ -159,6 +191,9 @@ class ResponsesStream(StreamState):
         self._item: dict[str, Any] = {}  # the open item (as output_item.added showed it)
         self._pieces: list[str] = []  # the open item's text or arguments so far
         self._head = b""  # the open item's delta event, up to its delta value
+        # The worker's common delta event up to its literal, as this item's first one had it
+        # (``_quick``; ``_run`` looks for it); None: not seen yet.
+        self._prefix: bytes | None = None
         self._tool: Any = None  # the worker's index of the open tool call
         self._finish: Any = None
         self._raw_usage: Any = None
@@ -189,13 +224,25 @@ class ResponsesStream(StreamState):
             quick = self._quick(chunk[:end])
             if quick is not None:
                 return quick
-            events = [chunk[:end]]
-        else:
-            events = chunk[:end].split(b"\n\n")
+        region = chunk[:end]
         out: list[bytes] = []
         begun = self.first_data
+        pos = 0
+        tried = None  # the item's ``_prefix`` a ``_run`` looked for (once per item and read)
         try:
-            for event in events:
+            while pos <= end:  # the events of ``region``, as ``region.split(b"\n\n")`` has them
+                prefix = self._prefix
+                if prefix is not None and prefix is not tried and region.startswith(prefix, pos):
+                    tried = prefix
+                    after = self._run(region, pos, out)
+                    if after > pos:
+                        pos = after
+                        continue
+                cut = region.find(b"\n\n", pos)
+                if cut < 0:
+                    cut = end
+                event = region[pos:cut]
+                pos = cut + 2
                 if self.done:  # the worker's stream has ended: nothing after it is the client's
                     self.after_done = self.after_done or bool(event.strip())
                     continue
@@ -238,12 +285,91 @@ class ResponsesStream(StreamState):
             return None
         self.events += 1
         self._steps += 1
+        if self._prefix is None:
+            self._prefix = event[: at + len(marker)]
         if not text:
             return b""
         self._pieces.append(text)
         seq = self._seq
         self._seq = seq + 1
         return self._head + literal + _SEQ + b"%d" % seq + _END
+
+    def _run(self, region: bytes, pos: int, out: list[bytes]) -> int:
+        """The run of common deltas at ``pos`` (an event's start, where ``_prefix`` is), in
+        one pass; returns where the next event starts (``pos``: nothing done, the events go one
+        by one). The region is cut at every end of an event that could be a common delta
+        (``_RUN_END``: its last bytes and the blank line); the run is the leading pieces that are
+        each ``_prefix``, a literal and ``_RUN_TAIL``, exactly the event ``_quick`` takes whole:
+        checked at once by rebuilding the run from the literals, else piece by piece. Its
+        literals, a raw newline between each two (never inside a JSON string, so none can run
+        on into the next), must parse as an array of exactly as many strings, and hold no
+        newline themselves (which could hide an event's end); else nothing is done."""
+        prefix = self._prefix
+        assert prefix is not None
+        cut = slice(len(prefix), -len(_RUN_TAIL))  # a piece's literal, less its closing quote
+        glue = _RUN_TAIL + _RUN_END + prefix  # between two literals of a run
+        size = _RUN_FIRST
+        while True:
+            window = region[pos : pos + size]
+            pieces = window.split(_RUN_END)
+            pieces.pop()  # not followed by an event's end here: the next window's, or alone
+            ends = False
+            for _ in range(2):  # commonly the stream's last events (finish, usage) end the run
+                if pieces and not (
+                    pieces[-1].startswith(prefix) and pieces[-1].endswith(_RUN_TAIL)
+                ):
+                    pieces.pop()
+                    ends = True
+            literals = list(map(bytes.__getitem__, pieces, repeat(cut)))
+            rebuilt = glue.join(literals)
+            if not (
+                window.startswith(prefix)
+                and window.startswith(rebuilt, len(prefix))
+                and window.startswith(_RUN_TAIL + _RUN_END, len(prefix) + len(rebuilt))
+            ):  # not every piece is a common delta: the run ends at the first that is not
+                whole = list(
+                    map(
+                        and_,
+                        map(bytes.startswith, pieces, repeat(prefix)),
+                        map(bytes.endswith, pieces, repeat(_RUN_TAIL)),
+                    )
+                )
+                if False in whole:
+                    ends = True
+                    del pieces[whole.index(False) :]
+                    del literals[len(pieces) :]
+            count = len(pieces)
+            if count < 2:
+                return pos  # one event: ``_quick`` does as well
+            # A newline in each separator: no string can run on into the next literal (a raw
+            # newline is not JSON in a string), and none may be in a literal.
+            joined = b'"\n,'.join(literals)
+            if joined.count(b"\n") != count - 1:
+                return pos
+            try:
+                texts = orjson.loads(b"[" + joined + b'"]')
+            except orjson.JSONDecodeError:
+                return pos
+            if len(texts) != count:
+                return pos
+            try:
+                text = "".join(texts)
+            except TypeError:  # not all strings
+                return pos
+            self.events += count
+            self._steps += count
+            if text:
+                self._pieces.append(text)
+                if "" in texts:
+                    literals = list(compress(literals, texts))  # an empty delta writes no event
+                seq = self._seq
+                self._seq = seq + len(literals)
+                parts = zip(repeat(self._head), literals, _tails(seq, len(literals)))
+                out.extend(chain.from_iterable(parts))  # joined once, with the read's others
+            pos += sum(map(len, pieces)) + count * len(_RUN_END)
+            if ends or len(window) < size:
+                return pos
+            size = _RUN_WINDOW
 
     def finish(self) -> bytes:
         """A last ``data: [DONE]`` without its blank line still ends the response."""
@@ -261,7 +387,7 @@ class ResponsesStream(StreamState):
         if self._finished:
             return b""
         self._finished = self._failed = True
-        self._kind = self._marker = None  # no delta may follow (``_quick``)
+        self._kind = self._marker = self._prefix = None  # no delta may follow (``_quick``)
         out: list[bytes] = []
         if not self.first_data:
             self._begin(out)
@@ -356,13 +482,19 @@ class ResponsesStream(StreamState):
 
     def _begin(self, out: list[bytes]) -> None:
         self.first_data = True
-        response = self._response("in_progress")
-        out.append(self._event({"type": "response.created", "response": response}))
-        out.append(self._event({"type": "response.in_progress", "response": response}))
+        response = orjson.dumps(self._response("in_progress"))  # once for both events
+        for kind in (b"response.created", b"response.in_progress"):
+            seq = self._seq
+            self._seq = seq + 1
+            out.append(
+                b'event: %s\ndata: {"type":"%s","response":%s,"sequence_number":%d}\n\n'
+                % (kind, kind, response, seq)
+            )
 
     def _open(self, kind: str, item: dict[str, Any], out: list[bytes]) -> None:
         self._close(out)
         self._kind, self._item, self._pieces = kind, item, []
+        self._prefix = None
         key = _CONTENT if kind == "message" else _REASONING if kind == "reasoning" else None
         self._marker = None if key is None else _FAST_CHOICE + key
         index = len(self._output)
@@ -431,7 +563,7 @@ class ResponsesStream(StreamState):
         kind = self._kind
         if kind is None:
             return
-        self._kind = self._marker = None
+        self._kind = self._marker = self._prefix = None
         item, text = self._item, "".join(self._pieces)
         index = len(self._output)
         common = {"item_id": item["id"], "output_index": index}

@@ -4,6 +4,8 @@ a namespaced call, a cut answer and a failure come out as the API has them."""
 
 from __future__ import annotations
 
+import random
+import re
 from typing import Any
 
 import orjson
@@ -11,7 +13,7 @@ import pydantic
 import pytest
 from openai.types.responses import ResponseStreamEvent
 
-from app.errors import UpstreamBadResponse, UpstreamTimeout
+from app.errors import UpstreamBadResponse, UpstreamError, UpstreamTimeout
 from app.responses.response import Context
 from app.responses.stream import ResponsesStream
 
@@ -171,3 +173,81 @@ def test_a_quick_delta_that_is_not_one_string_is_parsed_whole() -> None:
     kinds = [e.type for e in got]
     # Both deltas, as the parsed event holds them: the reasoning, then a new message item.
     assert kinds[0] == "response.reasoning_text.delta" and "response.output_text.delta" in kinds
+
+
+def delta_event(key: str, literal: bytes) -> bytes:
+    """A worker's delta event in SGLang's own layout, its value ``literal`` as it is (any
+    bytes: a worker's JSON string, or something that only looks like one)."""
+    head = b"data: " + orjson.dumps({**BASE, "choices": [{"index": 0, "delta": {key: 0}}]})
+    return (
+        head.partition(b":0}")[0]
+        + b":"
+        + literal
+        + (b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n')
+    )
+
+
+TEXTS = ["a", "bc ", " ", "\n", '"', "\\", "é", "日本", "😀", "\u2028", "\x01", "/", ""]
+FORGED = [
+    b"1", b"null", b'"a","b"', b' "a"', b'"a" ', b'"\\ud800"', b'"\xff"', b'"\xc3', b'\xa9"',
+    b'"a\nb"', b'\n"a"', b'"a"\n\n"b"', b'["a"]', b'{"x":1}', b'"a"],["b"',
+    b'"\\u00e9"', b'""', b'"a\\"', b'"\\\\"',
+]  # fmt: skip
+OTHERS = [
+    WORKER[0], WORKER[5], WORKER[6], WORKER[8], USAGE, b"data: [DONE]\n\n",
+    b": keep-alive\n\n", b"data: {nope\n\n", b'data: {"error": {"message": "boom"}}\n\n',
+    sse({"reasoning_content": "x", "content": "y"}), sse({"content": None}, "stop"),
+]  # fmt: skip
+
+
+def worker_events(rng: random.Random) -> list[bytes]:
+    out = []
+    for _ in range(rng.randrange(1, 60)):
+        roll = rng.random()
+        key = rng.choice(["reasoning_content", "content"])
+        if roll < 0.8:
+            text = "".join(rng.choice(TEXTS) for _ in range(rng.randrange(0, 4)))
+            out.append(delta_event(key, orjson.dumps(text)))
+        elif roll < 0.9:
+            out.append(delta_event(key, rng.choice(FORGED)))
+        else:
+            out.append(rng.choice(OTHERS))
+    return out
+
+
+def outcome(reads: list[bytes]) -> tuple[Any, ...]:
+    stream = ResponsesStream(context(id="resp_" + "0" * 32, created_at=1))
+    out, error = [], None
+    try:
+        for read in reads:
+            out.append(stream.feed(read))
+        out.append(stream.finish())
+    except UpstreamError as exc:
+        error = (type(exc), str(exc))
+    text = re.sub(rb'"completed_at":\d+', b'"completed_at":0', b"".join(out))  # the clock's
+    return text, error, stream.events, stream.done, stream.after_done, stream.usage
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_read_of_many_events_is_translated_as_they_are_one_by_one(seed: int) -> None:
+    # At saturation a whole stream arrives in one read (the run of common deltas is translated
+    # in one pass): the client gets the same bytes and the same failures as event by event.
+    rng = random.Random(seed)
+    rest = worker_events(rng)
+    data = b"".join(rest)
+    cuts = sorted(rng.sample(range(len(data) + 1), min(3, len(data) + 1)))
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    one_by_one = outcome([WORKER[0], *rest])
+    assert outcome([WORKER[0], data]) == one_by_one
+    assert outcome([WORKER[0], *pieces]) == one_by_one
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_long_run_in_one_read_is_translated_as_event_by_event(seed: int) -> None:
+    # Longer than the bytes a run looks at in one go; a forged literal somewhere in it.
+    rng = random.Random(seed)
+    texts = ["".join(rng.choice(TEXTS) for _ in range(rng.randrange(1, 6))) for _ in range(1500)]
+    rest = [delta_event("content", orjson.dumps(text)) for text in texts]
+    rest.insert(rng.randrange(len(rest)), delta_event("content", rng.choice(FORGED)))
+    rest += [sse({}, "stop"), USAGE, b"data: [DONE]\n\n"]
+    assert outcome([WORKER[0], b"".join(rest)]) == outcome([WORKER[0], *rest])
