@@ -5,7 +5,6 @@ the gateway's checks and answers each completion the way its request's text name
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import gateway, poll
 from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.threaded_worker import ThreadedWorker
 
 MODEL = "moonshotai/Kimi-K2.5"
 CHAT = "/v1/chat/completions"
@@ -155,59 +155,17 @@ SCENARIOS: dict[str, Callable[[str, str], bytes | tuple[bytes, ...]]] = {
 }
 
 
-class FakeWorker:
-    """An HTTP/1.1 worker on 127.0.0.1 in its own thread and event loop."""
+class FakeWorker(ThreadedWorker):
+    """An HTTP/1.1 worker on 127.0.0.1 in its own thread and event loop, answering from
+    ``SCENARIOS`` (a tuple answer: its parts in separate writes, 50 ms apart)."""
 
-    def __init__(self) -> None:
-        self.port = 0
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FakeWorker:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        async with server:
-            await self._stop.wait()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length)
-                answer = self._answer(head.split(b" ")[1].decode(), body)
-                for i, part in enumerate([answer] if isinstance(answer, bytes) else answer):
-                    if i:  # a later part: in a later read of the gateway's
-                        await asyncio.sleep(0.05)
-                    writer.write(part)
-                    await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def handle(self, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+        answer = self._answer(path, body)
+        for i, part in enumerate([answer] if isinstance(answer, bytes) else answer):
+            if i:  # a later part: in a later read of the gateway's
+                await asyncio.sleep(0.05)
+            writer.write(part)
+            await writer.drain()
 
     def _answer(self, path: str, body: bytes) -> bytes | tuple[bytes, ...]:
         if path == "/v1/models":

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from collections.abc import Sequence
 
 import orjson
+
+from tests.support.threaded_worker import ThreadedWorker
 
 MODEL = "moonshotai/Kimi-K2.5"
 STRAY_TEXT = "answer-for-EVIL"
@@ -64,66 +65,24 @@ def streamed(rid: str, text: str) -> bytes:
     return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
 
 
-class StrayWorker:
+class StrayWorker(ThreadedWorker):
     """See the module doc. ``completions``: how many were answered; ``strays``: sent."""
 
     def __init__(self, delays: Sequence[float] = (0, 5, 50, 200)) -> None:
-        self.port = 0
+        super().__init__()
         self.completions = 0
         self.strays = 0
         self._delays = itertools.cycle(delays)
         self._last_rid = "0" * 32
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> StrayWorker:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        async with server:
-            await self._stop.wait()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length)
-                path = head.split(b" ")[1].decode()
-                if path == "/v1/models":
-                    models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
-                    writer.write(_json(models))
-                elif path == "/v1/chat/completions":
-                    self._complete(orjson.loads(body), writer)
-                else:  # /health, /v1/loads, /abort_request
-                    writer.write(_json({}))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def handle(self, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+        if path == "/v1/models":
+            models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            writer.write(_json(models))
+        elif path == "/v1/chat/completions":
+            self._complete(orjson.loads(body), writer)
+        else:  # /health, /v1/loads, /abort_request
+            writer.write(_json({}))
 
     def _complete(self, request: dict[str, object], writer: asyncio.StreamWriter) -> None:
         rid = str(request["rid"])
