@@ -50,7 +50,6 @@ from app.upstream.sse import (
     parse_usage,
 )
 
-_MAX_CARRY = 1 << 20
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
 
 
@@ -105,19 +104,10 @@ class MessagesStream(StreamState):
         self._failed = False
 
     def feed(self, chunk: bytes) -> bytes:
-        if self._carry:
-            chunk = self._carry + chunk
-            self._carry = b""
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
-        end = chunk.rfind(b"\n\n")
-        if end < 0:
-            if len(chunk) < _MAX_CARRY:
-                self._carry = chunk
-                return b""
-            end = len(chunk)
-        elif end + 2 < len(chunk):
-            self._carry = chunk[end + 2 :]
+        framed = self._framed(chunk)
+        if framed is None:
+            return b""
+        chunk, end = framed
         out: list[bytes] = []
         for event in chunk[:end].split(b"\n\n"):
             if self.done:  # the worker's stream has ended: nothing after it is the client's

@@ -74,7 +74,6 @@ from app.upstream.sse import (
     parse_usage,
 )
 
-_MAX_CARRY = 1 << 20
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
 _SEQ = b',"sequence_number":'
 # The common worker chunk (``_quick``): one content or reasoning delta, as SGLang lays it out.
@@ -207,19 +206,10 @@ class ResponsesStream(StreamState):
     def feed(self, chunk: bytes) -> bytes:
         if self._pending is not None:
             raise self._pending
-        if self._carry:
-            chunk = self._carry + chunk
-            self._carry = b""
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
-        end = chunk.rfind(b"\n\n")
-        if end < 0:
-            if len(chunk) < _MAX_CARRY:
-                self._carry = chunk
-                return b""
-            end = len(chunk)
-        elif end + 2 < len(chunk):
-            self._carry = chunk[end + 2 :]
+        framed = self._framed(chunk)
+        if framed is None:
+            return b""
+        chunk, end = framed
         if chunk.find(b"\n\n") == end:  # one event (the worker writes them one by one)
             quick = self._quick(chunk[:end])
             if quick is not None:

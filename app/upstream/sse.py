@@ -200,6 +200,27 @@ class StreamState:
         self.hold_errors = False
         self.broken: UpstreamStatusError | None = None
 
+    def _framed(self, chunk: bytes) -> tuple[bytes, int] | None:
+        """For an observer that reads whole events (``app.anthropic.stream``,
+        ``app.responses.stream``): ``chunk`` after what was carried, CRLF line ends made LF, and
+        where its last whole event ends (the rest is carried to the next read); None when it
+        holds no event end yet (all of it carried). A read of ``_MAX_CARRY`` bytes without one
+        counts as whole: a worker cannot make the gateway buffer without bound."""
+        if self._carry:
+            chunk = self._carry + chunk
+            self._carry = b""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        end = chunk.rfind(b"\n\n")
+        if end < 0:
+            if len(chunk) < _MAX_CARRY:
+                self._carry = chunk
+                return None
+            end = len(chunk)
+        elif end + 2 < len(chunk):
+            self._carry = chunk[end + 2 :]
+        return chunk, end
+
     def resumed(self) -> None:
         """The stream goes on from another attempt (``app.proxy.resume``): the unfinished event
         the broken one left is dropped (its client never saw it), and so is its end."""
