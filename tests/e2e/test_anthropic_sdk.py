@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Stack, emulator, gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 
 MODEL = "moonshotai/Kimi-K2.5"
 KEY = "sk-anthropic-e2e-0123456789"
@@ -31,17 +30,10 @@ WEATHER: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("anthropic")))
     env = {"DFLASH_GATEWAY_API_KEYS": KEY, "DFLASH_GATEWAY_TIMEOUTS__KEEPALIVE_S": "0.2"}
-    try:
+    with managed_processes(tmp_path_factory, "anthropic") as manager:
         emus = [emulator(manager, "emu-a"), emulator(manager, "emu-b")]
         yield Stack(gateway(manager, emus, env=env), emus)
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Stack, emulator, gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 from tests.support.tools import npm_tool
 
 pytestmark = pytest.mark.processes
@@ -53,16 +53,9 @@ def codex() -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, codex: str) -> Iterator[Stack]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("codex")))
-    try:
+    with managed_processes(tmp_path_factory, "codex") as manager:
         emus = [emulator(manager, "emu-a"), emulator(manager, "emu-b")]
         yield Stack(gateway(manager, emus, env={"DFLASH_GATEWAY_API_KEYS": KEY}), emus)
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 def metric(gw: ManagedProcess, name: str, **labels: str) -> float:

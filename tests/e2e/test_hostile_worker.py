@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import gateway, poll
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 from tests.support.threaded_worker import ThreadedWorker
 
 MODEL = "moonshotai/Kimi-K2.5"
@@ -182,21 +181,13 @@ class FakeWorker(ThreadedWorker):
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("hostile")))
-    with FakeWorker() as worker:
-        try:
-            # Every answer here is the worker's fault: keep its breaker closed for the next test.
-            env = {
-                "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
-                "DFLASH_GATEWAY_LIMITS__MAX_RESPONSE_BYTES": str(1024 * 1024),
-            }
-            yield gateway(manager, [worker.url], env=env)
-        except BaseException:
-            for chunk in manager.dump_logs():
-                print(chunk)
-            raise
-        finally:
-            manager.stop_all()
+    with FakeWorker() as worker, managed_processes(tmp_path_factory, "hostile") as manager:
+        # Every answer here is the worker's fault: keep its breaker closed for the next test.
+        env = {
+            "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
+            "DFLASH_GATEWAY_LIMITS__MAX_RESPONSE_BYTES": str(1024 * 1024),
+        }
+        yield gateway(manager, [worker.url], env=env)
 
 
 def ask(gw: ManagedProcess, text: str, **extra: Any) -> httpx.Response:

@@ -5,7 +5,6 @@ to the model, and ends with the model's answer. Tracing is off (it would export 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -20,7 +19,7 @@ from agents import (
 from agents.items import ToolCallItem, ToolCallOutputItem
 
 from tests.e2e.conftest import Stack, emulator, gateway
-from tests.support.procs import ProcessManager
+from tests.support.procs import managed_processes
 
 pytestmark = pytest.mark.processes
 
@@ -35,16 +34,9 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("agents")))
-    try:
+    with managed_processes(tmp_path_factory, "agents") as manager:
         emus = [emulator(manager, "emu-a")]
         yield Stack(gateway(manager, emus, env=ENV), emus)
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 async def test_one_tool_using_turn_on_the_default_responses_model(stack: Stack) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import poll
-from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
+from tests.support.procs import PYTHON, ManagedProcess, managed_processes
 
 MODEL = "moonshotai/Kimi-K2.5"
 MESSAGES: list[Any] = [{"role": "user", "content": "Explain how tides work."}]
@@ -22,13 +21,12 @@ MESSAGES: list[Any] = [{"role": "user", "content": "Explain how tides work."}]
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("surface")))
     env = {
         "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
         "DFLASH_GATEWAY_EMBEDDED__SPEED": "20",
         "DFLASH_GATEWAY_EXPOSE_ACCEPT_LENGTH": "true",
     }
-    try:
+    with managed_processes(tmp_path_factory, "surface") as manager:
         yield manager.start(
             [PYTHON, "-m", "app", "serve", "--port", "{port}"],
             name="serve",
@@ -37,12 +35,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
             timeout=60,
             env=env,
         )
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 @pytest.fixture

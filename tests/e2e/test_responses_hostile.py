@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +18,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from tests.e2e import test_hostile_worker as hostile
 from tests.e2e.conftest import gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 
 pytestmark = pytest.mark.processes
 
@@ -108,21 +107,13 @@ class Worker(hostile.FakeWorker):
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("responses-hostile")))
-    with Worker() as worker:
-        try:
-            env = {
-                "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
-                "DFLASH_GATEWAY_TIMEOUTS__KEEPALIVE_S": "0.2",
-                "DFLASH_GATEWAY_TIMEOUTS__IDLE_S": "1.5",
-            }
-            yield gateway(manager, [worker.url], env=env)
-        except BaseException:
-            for logs in manager.dump_logs():
-                print(logs)
-            raise
-        finally:
-            manager.stop_all()
+    with Worker() as worker, managed_processes(tmp_path_factory, "responses-hostile") as manager:
+        env = {
+            "DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000",
+            "DFLASH_GATEWAY_TIMEOUTS__KEEPALIVE_S": "0.2",
+            "DFLASH_GATEWAY_TIMEOUTS__IDLE_S": "1.5",
+        }
+        yield gateway(manager, [worker.url], env=env)
 
 
 def post(gw: ManagedProcess, body: Any, **kw: Any) -> httpx.Response:

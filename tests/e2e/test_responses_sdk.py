@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 
 from tests.e2e.conftest import Stack, emulator, gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, ProcessManager, managed_processes
 from tests.support.tools import require_tool
 
 pytestmark = pytest.mark.processes
@@ -38,22 +37,15 @@ EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, ManagedProcess]]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("responses")))
     env = {
         "DFLASH_GATEWAY_API_KEYS": f"{KEY},{OTHER_KEY}",
         "DFLASH_GATEWAY_RESPONSES__STORE": "memory",
     }
-    try:
+    with managed_processes(tmp_path_factory, "responses") as manager:
         emus = [emulator(manager, "emu-a"), emulator(manager, "emu-b")]
         stored = gateway(manager, emus, env=env)
         stateless = gateway(manager, emus, env={"DFLASH_GATEWAY_API_KEYS": KEY})
         yield Stack(stored, emus), stateless
-    except BaseException:
-        for chunk in manager.dump_logs():
-            print(chunk)
-        raise
-    finally:
-        manager.stop_all()
 
 
 @pytest.fixture

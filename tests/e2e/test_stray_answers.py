@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
 from tests.e2e.conftest import gateway
-from tests.support.procs import ManagedProcess, ProcessManager
+from tests.support.procs import ManagedProcess, managed_processes
 from tests.support.stray_worker import MODEL, STRAY_TEXT, StrayWorker
 
 ROUNDS = 200
@@ -26,18 +25,10 @@ CLIENTS = 4
 def stray_gw(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ManagedProcess, StrayWorker]]:
-    manager = ProcessManager(Path(tmp_path_factory.mktemp("stray")))
-    with StrayWorker() as worker:
-        try:
-            # Every failure here is the worker's: keep its breaker closed throughout.
-            env = {"DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000000"}
-            yield gateway(manager, [worker.url], env=env), worker
-        except BaseException:
-            for chunk in manager.dump_logs():
-                print(chunk)
-            raise
-        finally:
-            manager.stop_all()
+    with StrayWorker() as worker, managed_processes(tmp_path_factory, "stray") as manager:
+        # Every failure here is the worker's: keep its breaker closed throughout.
+        env = {"DFLASH_GATEWAY_BREAKER__FAILURE_THRESHOLD": "1000000"}
+        yield gateway(manager, [worker.url], env=env), worker
 
 
 def _content(response: httpx.Response, stream: bool) -> str:
