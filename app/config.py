@@ -371,6 +371,99 @@ class EmbeddedConfig(_Section):
     model: str = DEFAULT_MODEL
 
 
+DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
+
+PrefillPolicyName = Literal["least_queued", "prefix_affinity"]
+DecodePolicyName = Literal["spare_capacity", "least_inflight"]
+
+
+class PDConfig(_Section):
+    """Prefill/decode disaggregation (SGLang's PD protocol, as sglang-router's
+    ``--pd-disaggregation``): every request goes to one prefill and one decode worker at once,
+    with the bootstrap fields that pair them; the decode worker's answer is the client's."""
+
+    # On: requests are served by prefill + decode pairs (``pd.prefill`` and ``pd.decode``);
+    # ``worker_urls`` must be empty. With neither list given, serve starts the embedded default
+    # as one emulated prefill and one emulated decode worker.
+    disaggregation: bool = False
+    # Prefill workers as sglang-router's ``--prefill`` takes them: ``URL`` or ``URL PORT`` (PORT:
+    # the worker's ``--disaggregation-bootstrap-port``; else ``pd.bootstrap_port``).
+    prefill: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Decode workers' base URLs (``--disaggregation-mode decode``).
+    decode: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The bootstrap port of a prefill worker listed without one (SGLang's default).
+    bootstrap_port: int = Field(DEFAULT_BOOTSTRAP_PORT, ge=1, le=65535)
+    # How the prefill worker is picked: least_queued (fewest queued prefill tokens, then
+    # requests) or prefix_affinity (a conversation's prefix stays on the prefill worker that has
+    # it cached, bounded by prefix_affinity_load_factor).
+    prefill_policy: PrefillPolicyName = "least_queued"
+    # How the decode worker is picked (decode capacity bounds concurrency): spare_capacity or
+    # least_inflight.
+    decode_policy: DecodePolicyName = "spare_capacity"
+
+    @field_validator("prefill", "decode", mode="before")
+    @classmethod
+    def _csv_list(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("prefill")
+    @classmethod
+    def _check_prefill(cls, entries: list[str]) -> list[str]:
+        cleaned = []
+        for entry in entries:
+            url, port = split_prefill(entry)
+            _check_url(url)
+            cleaned.append(url if port is None else f"{url} {port}")
+        return cleaned
+
+    @field_validator("decode")
+    @classmethod
+    def _check_decode(cls, urls: list[str]) -> list[str]:
+        return [_check_url(url) for url in urls]
+
+    @model_validator(mode="after")
+    def _check_pools(self) -> PDConfig:
+        if not self.disaggregation:
+            if self.prefill or self.decode:
+                raise ValueError(
+                    "pd.prefill and pd.decode need pd.disaggregation (--pd-disaggregation)"
+                )
+            return self
+        if bool(self.prefill) != bool(self.decode):
+            raise ValueError("PD disaggregation needs at least one prefill and one decode worker")
+        urls = [split_prefill(p)[0] for p in self.prefill] + list(self.decode)
+        if len(set(urls)) != len(urls):
+            raise ValueError("prefill and decode worker URLs must be distinct")
+        return self
+
+    def prefill_workers(self) -> list[tuple[str, int]]:
+        """Each prefill worker's URL and bootstrap port."""
+        out = []
+        for entry in self.prefill:
+            url, port = split_prefill(entry)
+            out.append((url, self.bootstrap_port if port is None else port))
+        return out
+
+
+def split_prefill(entry: str) -> tuple[str, int | None]:
+    """``URL`` or ``URL PORT`` (sglang-router's ``--prefill URL [BOOTSTRAP_PORT]``)."""
+    parts = entry.split()
+    if len(parts) not in (1, 2):
+        raise ValueError(f"prefill worker {entry!r} must be URL or URL BOOTSTRAP_PORT")
+    if len(parts) == 1:
+        return parts[0].rstrip("/"), None
+    text = parts[1]
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(f"prefill worker {entry!r}: the bootstrap port must be 1..65535")
+    return parts[0].rstrip("/"), int(text)
+
+
+def _check_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"worker URL {url!r} must start with http:// or https://")
+    return url.rstrip("/")
+
+
 _WORKER_SCHEMES = tuple(
     f"{engine}{scheme}" for engine in ("", "vllm+", "sglang+") for scheme in ("http://", "https://")
 )
@@ -455,6 +548,7 @@ class Settings(BaseSettings):
     tracing: TracingConfig = TracingConfig()  # OpenTelemetry traces: app/tracing/config.py
     workers: WorkersConfig = WorkersConfig()
     responses: ResponsesConfig = ResponsesConfig()
+    pd: PDConfig = PDConfig()
 
     @model_validator(mode="after")
     def _check_response_store(self) -> Settings:
@@ -465,6 +559,17 @@ class Settings(BaseSettings):
                 "responses.store = memory keeps responses in one process: use redis with "
                 "--processes > 1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_pd(self) -> Settings:
+        if self.pd.disaggregation and self.worker_urls:
+            raise ValueError(
+                "PD disaggregation takes its workers from pd.prefill and pd.decode: "
+                "leave worker_urls empty"
+            )
+        if self.pd.disaggregation and self.discovery.mode != "static":
+            raise ValueError("PD disaggregation supports discovery.mode static only")
         return self
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")
@@ -509,6 +614,8 @@ class Settings(BaseSettings):
     @property
     def embedded_default(self) -> bool:
         """True when no worker source is configured: serve starts emulated workers itself."""
+        if self.pd.disaggregation:
+            return not self.pd.prefill
         return not self.worker_urls and self.discovery.mode == "static"
 
     @classmethod

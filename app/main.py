@@ -42,7 +42,7 @@ from app.tenants.tenant import Tenants
 from app.tenants.usage import UsageLog
 from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
-from app.workers.discovery import make_discovery
+from app.workers.discovery import PDStaticDiscovery, make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
 
@@ -121,7 +121,11 @@ def create_app(
         rng=rng,
     )
     health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
-    discovery = make_discovery(settings.discovery, settings.worker_urls)
+    discovery = (
+        PDStaticDiscovery(settings.pd)
+        if settings.pd.disaggregation
+        else make_discovery(settings.discovery, settings.worker_urls)
+    )
     limiter = make_limiter(
         settings.limits, clock, on_store_error=lambda: metrics.record_limit_store_error("requests")
     )
@@ -154,7 +158,7 @@ def create_app(
     def publish(endpoints: Sequence[EndpointLike]) -> None:
         pool.reconcile(endpoints)
         for worker in pool.workers:
-            metrics.add_worker(worker.name)
+            metrics.add_worker(worker.name, worker.role)
         health.kick()
 
     @asynccontextmanager

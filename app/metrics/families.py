@@ -24,6 +24,7 @@ RETRY_REASONS = frozenset(
         "502",
         "503",
         "504",
+        "prefill_failed",
     }
 )
 SOURCES = ("exact", "estimated")
@@ -58,6 +59,10 @@ TPOT_BUCKETS = (
 DURATION_BUCKETS = (
     0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600,
 )  # fmt: skip
+# The KV-transfer wait of a PD pair: from milliseconds (same node) to the bootstrap timeout.
+KV_WAIT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+)  # fmt: skip
 QUEUE_BUCKETS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120,
 )  # fmt: skip
@@ -76,6 +81,9 @@ WORKER_GAUGES = frozenset(
         "worker_measured_accept_length",
         "worker_accept_collapsed",
         "worker_engine_info",
+        "worker_running_requests",
+        "worker_waiting_requests",
+        "worker_queued_prefill_tokens",
     )
 )
 
@@ -193,7 +201,26 @@ class Families:
         )
         # Workers, as the gateway sees them (read from the pool when scraped).
         self.in_flight = gauge(
-            "in_flight_requests", "Requests in flight per worker", ("worker",), "livesum"
+            "in_flight_requests", "Requests in flight per worker", ("worker", "role"), "livesum"
+        )
+        self.worker_running = gauge(
+            "worker_running_requests",
+            "Requests the worker reports running (a decode worker's running batch)",
+            ("worker", "role"),
+            "livemostrecent",
+        )
+        self.worker_waiting = gauge(
+            "worker_waiting_requests",
+            "Requests the worker reports queued (a prefill worker's prefill queue)",
+            ("worker", "role"),
+            "livemostrecent",
+        )
+        self.worker_queued_prefill_tokens = gauge(
+            "worker_queued_prefill_tokens",
+            "Prompt tokens the worker reports queued for prefill, not served from its prefix "
+            "cache (SGLang: num_waiting_uncached_tokens); what least_queued picks prefill by",
+            ("worker", "role"),
+            "livemostrecent",
         )
         self.queue_depth = gauge(
             "queue_depth", "Requests waiting in the admission queue", (), "livesum"
@@ -201,26 +228,26 @@ class Families:
         self.worker_up = gauge(
             "worker_up",
             "1 if the worker passes health checks and its circuit breaker is closed",
-            ("worker",),
+            ("worker", "role"),
             "livemax",
         )
         self.worker_breaker = gauge(
             "worker_breaker_state",
             "Circuit breaker state: 0 closed, 1 open, 2 half-open",
-            ("worker",),
+            ("worker", "role"),
             "livemax",
         )
         self.worker_engine = gauge(
             "worker_engine_info",
             "1 for the serving engine the worker runs (sglang, vllm; unknown until admitted)",
-            ("worker", "engine"),
+            ("worker", "role", "engine"),
             "livemax",
         )
         self.worker_throughput = gauge(
             "worker_output_throughput_tokens_per_second",
             "The worker's own generation throughput (SGLang: /v1/loads gen_throughput; vLLM: "
             "the rate of vllm:generation_tokens_total between polls)",
-            ("worker",),
+            ("worker", "role"),
             "livemostrecent",
         )
         self.worker_accept_length = gauge(
@@ -228,29 +255,36 @@ class Families:
             "The worker's own average acceptance length (SGLang: /v1/loads "
             "speculative.accept_length; vLLM: 1 + accepted / drafts of its spec_decode counters "
             "between polls)",
-            ("worker",),
+            ("worker", "role"),
             "livemostrecent",
         )
         self.worker_accept_rate = gauge(
             "worker_spec_accept_rate",
             "The worker's own draft acceptance rate (SGLang: /v1/loads speculative.accept_rate; "
             "vLLM: accepted / draft tokens between polls)",
-            ("worker",),
+            ("worker", "role"),
             "livemostrecent",
         )
         self.worker_measured_accept = gauge(
             "worker_measured_accept_length",
             "EWMA over the worker's requests through this gateway of their acceptance length "
             "(exact or estimated per request; what acceptance-collapse detection compares)",
-            ("worker",),
+            ("worker", "role"),
             "livemostrecent",
         )
         self.worker_collapsed = gauge(
             "worker_accept_collapsed",
             "1 if the worker's measured acceptance length is far below its peers' median "
             "(routing.collapse_ratio): a drafter/target mismatch",
-            ("worker",),
+            ("worker", "role"),
             "livemax",
+        )
+        self.kv_transfer_wait = histogram(
+            "pd_kv_transfer_wait_seconds",
+            "PD disaggregation: from a pair's request sent to both workers to the decode "
+            "worker's first data event, less the prefill worker's own time (docs/pd.md)",
+            ("model",),
+            KV_WAIT_BUCKETS,
         )
         self.fleet_saturation = gauge(
             "fleet_saturation",

@@ -36,6 +36,12 @@ class LoadView(Protocol):
     @property
     def gen_throughput(self) -> float: ...
     @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def waiting_tokens(self) -> int: ...
+    @property
     def accept_length(self) -> float | None: ...
     @property
     def accept_rate(self) -> float | None: ...
@@ -72,6 +78,8 @@ class WorkerView(Protocol):
     def accept(self) -> AcceptView: ...
     @property
     def engine_name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
 
 
 class TokenWindow:
@@ -121,6 +129,7 @@ class Metrics(Families):
         self._models: set[str] = set()
         self._workers: set[str] = set()
         self._engines: dict[str, str] = {}  # the engine label each worker's info gauge has
+        self._roles: dict[str, str] = {}  # each worker's role label (whole, prefill, decode)
         self._windows: dict[str, TokenWindow] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._routes = tuple(routes)
@@ -187,10 +196,14 @@ class Metrics(Families):
         ):
             counter.labels(model, worker)
 
-    def add_worker(self, worker: str) -> None:
-        """Pre-initialise a worker's series so they exist from start-up."""
+    def add_worker(self, worker: str, role: str | None = None) -> None:
+        """Pre-initialise a worker's series so they exist from start-up; ``role``: its PD role
+        (whole, prefill, decode; kept from the last call when None)."""
+        if role is not None and self._roles.get(worker, role) != role:
+            self._forget_worker(worker)  # its role changed: its series go under the new one
         if worker in self._workers:
             return
+        role = self._roles[worker] = role or self._roles.get(worker, "whole")
         self._workers.add(worker)
         for outcome in ATTEMPT_OUTCOMES:
             self.upstream_attempts.labels(worker, outcome)
@@ -203,7 +216,7 @@ class Metrics(Families):
             self.worker_throughput,
             self.worker_collapsed,
         ):
-            gauge.labels(worker)
+            gauge.labels(worker, role)
         for model in self._models - {OTHER}:
             self._model_worker(model, worker)
 
@@ -211,10 +224,11 @@ class Metrics(Families):
         """A worker left the pool: its gauges go (in multiprocess mode they are filtered out when
         rendering, since a file's entries cannot be removed)."""
         self._workers.discard(worker)
+        role = self._roles.pop(worker, "whole")
         engine = self._engines.pop(worker, None)
         if engine is not None and not self.multiprocess:
             with contextlib.suppress(KeyError):
-                self.worker_engine.remove(worker, engine)
+                self.worker_engine.remove(worker, role, engine)
         for gauge in (
             self.in_flight,
             self.worker_up,
@@ -224,13 +238,16 @@ class Metrics(Families):
             self.worker_accept_rate,
             self.worker_measured_accept,
             self.worker_collapsed,
+            self.worker_running,
+            self.worker_waiting,
+            self.worker_queued_prefill_tokens,
         ):
             if self.multiprocess:
                 if gauge is self.in_flight:
-                    gauge.labels(worker).set(0)
+                    gauge.labels(worker, role).set(0)
                 continue
             with contextlib.suppress(KeyError):
-                gauge.remove(worker)
+                gauge.remove(worker, role)
 
     def add_key(self, name: str) -> None:
         """Pre-initialise a configured API key name's series."""
@@ -309,6 +326,10 @@ class Metrics(Families):
     def record_queue_wait(self, seconds: float, priority: str) -> None:
         self._child(self.queue_wait, priority).observe(seconds)
 
+    def record_kv_wait(self, model: str, seconds: float) -> None:
+        """A PD pair's KV-transfer wait (``app.proxy.pd``)."""
+        self._child(self.kv_transfer_wait, self._model(model)).observe(seconds)
+
     def record_attempt(self, worker: str, outcome: Outcome) -> None:
         self._child(self.upstream_attempts, worker, outcome).inc()
 
@@ -367,32 +388,35 @@ class Metrics(Families):
         gateway's tokens/s, from the pool now."""
         current: set[str] = set()
         for w in workers:
-            name = w.name
+            name, role = w.name, w.role
             current.add(name)
-            self.add_worker(name)
+            self.add_worker(name, role)
             for model in w.models:
                 self._model(model)
-            self.in_flight.labels(name).set(w.in_flight)
-            self.worker_up.labels(name).set(1 if w.up else 0)
-            self.worker_breaker.labels(name).set(int(w.breaker.state))
+            self.in_flight.labels(name, role).set(w.in_flight)
+            self.worker_up.labels(name, role).set(1 if w.up else 0)
+            self.worker_breaker.labels(name, role).set(int(w.breaker.state))
             engine = w.engine_name
             was = self._engines.get(name)
             if was != engine:
                 if was is not None:
                     with contextlib.suppress(KeyError):
-                        self.worker_engine.remove(name, was)
+                        self.worker_engine.remove(name, role, was)
                 self._engines[name] = engine
-                self.worker_engine.labels(name, engine).set(1)
+                self.worker_engine.labels(name, role, engine).set(1)
             load = w.load
-            self.worker_throughput.labels(name).set(load.gen_throughput)
+            self.worker_throughput.labels(name, role).set(load.gen_throughput)
+            self.worker_running.labels(name, role).set(load.running)
+            self.worker_waiting.labels(name, role).set(load.waiting)
+            self.worker_queued_prefill_tokens.labels(name, role).set(load.waiting_tokens)
             if load.accept_length is not None:
-                self.worker_accept_length.labels(name).set(load.accept_length)
+                self.worker_accept_length.labels(name, role).set(load.accept_length)
             if load.accept_rate is not None:
-                self.worker_accept_rate.labels(name).set(load.accept_rate)
+                self.worker_accept_rate.labels(name, role).set(load.accept_rate)
             accept = w.accept
-            self.worker_collapsed.labels(name).set(1 if accept.collapsed else 0)
+            self.worker_collapsed.labels(name, role).set(1 if accept.collapsed else 0)
             if accept.ewma is not None:
-                self.worker_measured_accept.labels(name).set(accept.ewma)
+                self.worker_measured_accept.labels(name, role).set(accept.ewma)
         for gone in self._workers - current:
             self._forget_worker(gone)
         self.queue_depth.set(queue_depth)

@@ -146,6 +146,7 @@ class Attempt:
         "_abort",
         "_aborted",
         "_guard",
+        "_instead",
         "_scope",
         "_spawn",
         "_verdict",
@@ -193,6 +194,8 @@ class Attempt:
         self.tally = Tally()
         self.outcome = Outcome.CANCELLED
         self.reason: Outcome | None = None  # why it was ended from outside, if it was
+        # What it fails with when ended for another worker's failure (``fail``), not its own.
+        self._instead: UpstreamError | None = None
 
     @property
     def receiving(self) -> bool:
@@ -241,6 +244,15 @@ class Attempt:
         await self.abort(reason)
         self._scope.end(reason)
 
+    async def fail(self, error: UpstreamError) -> None:
+        """End it for a failure that is not its worker's (its prefill partner's, with PD
+        disaggregation): aborted on its worker and stopped like ``end``, it raises ``error``
+        and gives its worker's breaker no verdict."""
+        if self.reason is not None or not self._scope.running:
+            return
+        self._instead = error
+        await self.end(Outcome.CANCELLED)
+
     async def __aenter__(self) -> Attempt:
         guard = self._guard = self.worker.attempt_guard(self.source)
         self._verdict = guard.__enter__()
@@ -258,7 +270,7 @@ class Attempt:
         try:
             await self._scope.__aexit__(exc_type, exc, tb)
         except Ended:
-            error = UpstreamTimeout(
+            error = self._instead or UpstreamTimeout(
                 f"worker {self.worker.name} went silent for too long"
                 if self.receiving
                 else f"worker {self.worker.name} sent no response in time"
@@ -285,6 +297,8 @@ class Attempt:
         abort = True
         if error is None:
             self.outcome, verdict.fault, abort = Outcome.OK, False, False
+        elif error is self._instead:  # another worker failed: no verdict on this one
+            self.outcome = Outcome.CANCELLED
         elif isinstance(error, UpstreamError):
             self.outcome = error.attempt_outcome
             # A 4xx: the worker answered, the request was at fault. A 5xx: the worker's fault,

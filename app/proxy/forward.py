@@ -41,6 +41,7 @@ from app.outcomes import Outcome
 from app.proxy.attempt import Attempt, Ended
 from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
+from app.proxy.pd import Disaggregation, Pair
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
 from app.proxy.resume import Resume, Stream, continuation_body
@@ -125,9 +126,25 @@ class Proxy:
             deweight_collapsed=settings.routing.deweight_collapsed,
         )
         self.acceptance = CollapseDetector(settings.routing, lambda: pool.workers)
+        # Prefill/decode disaggregation (app.proxy.pd): None for whole workers.
+        self.pd: Disaggregation | None = None
+        if settings.pd.disaggregation:
+            self.pd = Disaggregation(
+                settings,
+                pool=pool,
+                admission=self.admission,
+                client=client,
+                metrics=metrics,
+                rng=rng,
+                clock=clock,
+                spawn=self._spawn,
+                abort=self._abort,
+            )
 
     async def aclose(self) -> None:
         """Let pending aborts finish (briefly) at shutdown."""
+        if self.pd is not None:
+            await self.pd.aclose()
         if self._background:
             await asyncio.wait(self._background, timeout=2.0)
 
@@ -344,18 +361,31 @@ class Proxy:
                 if resume is not None:
                     self._metrics.record_continuation("no_worker")
                 break
-            worker = self._policy.pick(job.ctx, candidates)
+            pd, pair = self.pd, None
+            if pd is None:
+                worker = self._policy.pick(job.ctx, candidates)
+            else:
+                worker = pd.decode_policy.pick(job.ctx, candidates)
             tried.add(worker.name)
             job.record.attempts = number
             job.record.worker = worker.name
             try:
+                if pd is not None:
+                    prefill = pd.pick_prefill(job.ctx, tried)
+                    if prefill is None:  # the last prefill worker left while this one queued
+                        break
+                    pair = pd.pair(
+                        prefill, model=job.ctx.model, stream=request.stream, source=job.record.key
+                    )
                 await self._attempt(
-                    job, worker, down, sup, obs=obs, keep=keep, resume=resume, body=body
+                    job, worker, down, sup, obs=obs, keep=keep, resume=resume, body=body, pair=pair
                 )
                 if resume is not None:
                     self._metrics.record_continuation("ok")
                 return None
             except UpstreamError as exc:
+                if pair is not None:
+                    pair.blame(tried, worker)
                 if resume is not None:
                     self._metrics.record_continuation("failed")
                 if job.committed:
@@ -388,7 +418,10 @@ class Proxy:
         return error, error.outcome
 
     def _candidates(self, job: Job, tried: set[str], *, continuing: bool) -> list[Worker]:
-        """The workers an attempt may go to: not tried yet; SGLang ones for a continuation."""
+        """The workers an attempt may go to: not tried yet; SGLang ones for a continuation (with
+        PD disaggregation: the decode workers, while a prefill worker is left too)."""
+        if self.pd is not None:
+            return self.pd.candidates(job.ctx.model, tried)
         return [
             w
             for w in self._pool.available(job.ctx.model)
@@ -413,7 +446,10 @@ class Proxy:
         (None) the metric outcome saying why it does not."""
         if keep.continuations >= self._settings.retry.mid_stream_attempts:
             return "limit", None, None
-        available = self._pool.available(job.ctx.model)
+        if self.pd is not None:
+            available = self.pd.candidates(job.ctx.model, tried)
+        else:
+            available = self._pool.available(job.ctx.model)
         if not any(w.name not in tried and _continues_on(w) for w in available):
             return "no_worker", None, None
         part = keep.partial()
@@ -441,6 +477,8 @@ class Proxy:
         return "", Resume(part.id, part.tokens), body
 
     def _has_other(self, job: Job, tried: set[str]) -> bool:
+        if self.pd is not None:
+            return bool(self.pd.candidates(job.ctx.model, tried))
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))
 
     async def _attempt(
@@ -454,9 +492,11 @@ class Proxy:
         keep: Stream | None = None,
         resume: Resume | None = None,
         body: Body | None = None,
+        pair: Pair | None = None,
     ) -> None:
         """One attempt; a continuable stream passes its lasting observer and kept reads, a
-        continuation its ``Resume`` and ``body`` too (``app.proxy.resume``)."""
+        continuation its ``Resume`` and ``body`` too (``app.proxy.resume``); with PD
+        disaggregation, ``pair`` is its prefill side (``app.proxy.pd``)."""
         rid = self.new_rid()
         before = job.attempt
         attempt = job.attempt = Attempt(
@@ -472,13 +512,18 @@ class Proxy:
         parts: Body = job.request.upstream_parts
         if body is not None:
             parts = body
+        opener = self._client.open
+        if pair is not None:
+            pair.bind(attempt)
+            parts = pair.body(parts)
+            opener = pair.open
         request, record, trace = job.request, job.record, job.trace
         expose = self._settings.expose_accept_length
         headers = job.headers if trace is None else trace.attempt(job, attempt)
         try:
             async with attempt:  # ends on a deadline; settles outcome, breaker, abort, response
                 attempt.responded(
-                    await self._client.open(
+                    await opener(
                         worker,
                         request.route.value,
                         parts(rid, job.tenant.priority if self._send_priority else None),
@@ -516,6 +561,8 @@ class Proxy:
             self._metrics.record_violation(worker.name, "foreign_answer")
             raise
         finally:
+            if pair is not None:
+                pair.close(attempt)
             self._metrics.record_attempt(worker.name, attempt.outcome)
             if trace is not None:
                 trace.attempt_ended(attempt)

@@ -56,6 +56,25 @@ class LeastInflight:
         return min(tied, key=lambda worker: (*_load_key(worker), worker.name))
 
 
+class LeastQueued:
+    """A prefill worker's pick (PD disaggregation): the fewest prompt tokens queued for prefill
+    (its polled ``waiting_tokens``), then the fewest requests sent to it since that poll, then
+    in flight, then by name."""
+
+    name = "least_queued"
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        return min(
+            workers,
+            key=lambda w: (
+                w.load.waiting_tokens,
+                max(0, w.in_flight - w.in_flight_at_load) + w.load.waiting,
+                w.in_flight,
+                w.name,
+            ),
+        )
+
+
 class PowerOfTwo:
     """Two distinct random candidates; the less loaded wins (power of two choices)."""
 
@@ -273,6 +292,13 @@ class SpareCapacity:
         return spill
 
 
+def make_prefill_policy(name: str, *, load_factor: float = 1.25) -> Policy:
+    """A prefill pool's policy: least_queued, or prefix_affinity falling back to it."""
+    if name == "prefix_affinity":
+        return PrefixAffinity(load_factor=load_factor, fallback=LeastQueued())
+    return LeastQueued()
+
+
 def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> Policy:
     """The policy called ``name`` (docs/contracts.md lists the names)."""
     if name == "least_inflight":
@@ -287,4 +313,6 @@ def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> 
         return PrefixAffinity(load_factor=load_factor)
     if name == "spare_capacity":
         return SpareCapacity(load_factor=load_factor)
+    if name == "least_queued":
+        return LeastQueued()
     raise ValueError(f"unknown routing policy {name!r}")

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from app.config import DiscoveryConfig
-from app.workers.worker import stable_name
+from app.config import DiscoveryConfig, PDConfig
+from app.workers.worker import Role, stable_name
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ class Endpoint:
     name: str  # stable: the pod name when discovery knows it, else host:port
     url: str
     draining: bool = False  # terminating: finish in-flight requests, take no new ones
+    role: Role = "whole"  # prefill/decode disaggregation: the worker's part (docs/pd.md)
+    bootstrap_port: int | None = None  # a prefill worker's bootstrap port
 
 
 Publish = Callable[[list[Endpoint]], None]
@@ -55,6 +57,17 @@ class StaticDiscovery:
     async def run(self, publish: Publish) -> None:
         publish(list(self._endpoints))
         await asyncio.Event().wait()  # nothing ever changes; stay until cancelled
+
+
+class PDStaticDiscovery(StaticDiscovery):
+    """The static prefill and decode workers of ``pd.prefill`` / ``pd.decode``, with their roles."""
+
+    def __init__(self, config: PDConfig) -> None:
+        super().__init__(())
+        self._endpoints = [
+            Endpoint(name=stable_name(url), url=url, role="prefill", bootstrap_port=port)
+            for url, port in config.prefill_workers()
+        ] + [Endpoint(name=stable_name(url), url=url, role="decode") for url in config.decode]
 
 
 class Resolver(Protocol):

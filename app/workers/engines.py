@@ -106,6 +106,7 @@ def parse_loads(data: object) -> WorkerLoad | None:
     return WorkerLoad(
         running=_summed(ranks, "num_running_reqs"),
         waiting=_summed(ranks, "num_waiting_reqs"),
+        waiting_tokens=_summed(ranks, "num_waiting_uncached_tokens"),
         token_usage=max(usage, default=0.0),
         gen_throughput=gen if gen <= MAX_COUNT else 0.0,
         accept_length=sum(accept) / len(accept) if accept else None,

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from app.config import BreakerConfig
 from app.workers.breaker import CircuitBreaker
 from app.workers.engines import split_engine_url
-from app.workers.worker import Worker, WorkerState
+from app.workers.worker import Role, Worker, WorkerState
 
 
 class EndpointLike(Protocol):
@@ -23,6 +23,11 @@ class EndpointLike(Protocol):
 
     @property
     def draining(self) -> bool: ...
+
+
+def _role(endpoint: EndpointLike) -> tuple[Role, int | None]:
+    """An endpoint's PD role and bootstrap port (sources that know none publish whole workers)."""
+    return getattr(endpoint, "role", "whole"), getattr(endpoint, "bootstrap_port", None)
 
 
 class WorkerPool:
@@ -42,13 +47,15 @@ class WorkerPool:
             worker = self._new_worker(url)
             self._workers[worker.name] = worker
 
-    def _new_worker(self, url: str, name: str = "") -> Worker:
+    def _new_worker(
+        self, url: str, name: str = "", role: Role = "whole", bootstrap_port: int | None = None
+    ) -> Worker:
         breaker = CircuitBreaker(
             failure_threshold=self._breaker.failure_threshold,
             open_s=self._breaker.open_s,
             clock=self._clock,
         )
-        return Worker(url, name=name, breaker=breaker)
+        return Worker(url, name=name, breaker=breaker, role=role, bootstrap_port=bootstrap_port)
 
     @property
     def workers(self) -> tuple[Worker, ...]:
@@ -60,6 +67,12 @@ class WorkerPool:
     def available(self, model: str) -> list[Worker]:
         """Healthy workers serving ``model`` (the candidates a policy picks from)."""
         return [w for w in self._workers.values() if w.routable and model in w.models]
+
+    def available_as(self, model: str, role: Role) -> list[Worker]:
+        """``available`` among the workers of one PD role (prefill or decode)."""
+        return [
+            w for w in self._workers.values() if w.role == role and w.routable and model in w.models
+        ]
 
     def served_models(self) -> list[str]:
         """Every model a known worker has reported, in first-seen order."""
@@ -91,8 +104,14 @@ class WorkerPool:
         for endpoint in endpoints:
             seen.add(endpoint.name)
             worker = self._workers.get(endpoint.name)
-            if worker is None or worker.url != split_engine_url(endpoint.url)[1].rstrip("/"):
-                worker = self._new_worker(endpoint.url, endpoint.name)
+            role, bootstrap_port = _role(endpoint)
+            if (
+                worker is None
+                or worker.url != split_engine_url(endpoint.url)[1].rstrip("/")
+                or worker.role != role
+                or worker.bootstrap_port != bootstrap_port
+            ):
+                worker = self._new_worker(endpoint.url, endpoint.name, role, bootstrap_port)
                 self._workers[endpoint.name] = worker
             if endpoint.draining:
                 worker.state = WorkerState.DRAINING

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from app.workers.breaker import BreakerState, CircuitBreaker
 
 if TYPE_CHECKING:
     from app.workers.engines import Engine, EngineName
+
+
+Role = Literal["whole", "prefill", "decode"]
+ROLES: tuple[Role, ...] = ("whole", "prefill", "decode")
 
 
 class WorkerState(enum.Enum):
@@ -35,6 +39,9 @@ class WorkerLoad:
     # The worker's own limits, as its scheduler applies them (summed over dp ranks).
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
+    # Prompt tokens queued for prefill, not served from the prefix cache (SGLang:
+    # ``num_waiting_uncached_tokens``): what a prefill worker is picked by.
+    waiting_tokens: int = 0
 
 
 _RATE_ALPHA = 0.3
@@ -93,6 +100,10 @@ class Worker:
     engine: Engine | None = None
     # The engine its URL names (``vllm+http://...``), which no detection overrides.
     engine_pin: EngineName | None = None
+    # Its part in prefill/decode disaggregation (docs/pd.md): whole (serves requests alone),
+    # prefill or decode; a prefill worker's bootstrap port (``--disaggregation-bootstrap-port``).
+    role: Role = "whole"
+    bootstrap_port: int | None = None
 
     def __post_init__(self) -> None:
         from app.workers.engines import split_engine_url
