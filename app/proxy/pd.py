@@ -195,14 +195,14 @@ class Pair:
 
     async def open(
         self,
-        decode: Worker,
+        worker: Worker,
         path: str,
         body: bytes | Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],
         sent: Callable[[], None] | None = None,
         fresh: bool = False,
     ) -> UpstreamResponse:
-        """Send the body to P (in a task of its own) and to D; D's response, as
+        """Send the body to P (in a task of its own) and to D (``worker``); D's response, as
         ``UpstreamClient.open`` returns it."""
         pd = self._pd
         self.sent_at = pd._clock()
@@ -211,7 +211,7 @@ class Pair:
         )
         pd.tasks.add(task)
         task.add_done_callback(pd.tasks.discard)
-        return await pd._client.open(decode, path, body, headers, sent=sent, fresh=fresh)
+        return await pd._client.open(worker, path, body, headers, sent=sent, fresh=fresh)
 
     def _sent(self) -> None:
         self._written = True
