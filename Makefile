@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the project with its test and docs tools
 
-run: $(STAMP) ## gateway on 127.0.0.1:8000 in front of two emulated workers (Ctrl-C stops all)
-	$(BIN)/dflash-gateway serve
+run: $(STAMP) ## gateway on 127.0.0.1:8000 in front of two emulated workers (PD=1: one prefill + one decode; Ctrl-C stops all)
+	$(BIN)/dflash-gateway serve $(if $(PD),--pd-disaggregation)
 
 test: $(STAMP) ## the whole test suite
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -21,12 +21,20 @@ import os
 import shutil
 import sys
 import tempfile
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, cast
 
 from app import __version__
-from app.config import POLICY_NAMES, ConfigError, Settings, load_settings
+from app.config import (
+    POLICY_NAMES,
+    ConfigError,
+    DecodePolicyName,
+    PrefillPolicyName,
+    Settings,
+    load_settings,
+)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 COMMANDS_GROUP = "dflash_gateway.commands"
@@ -68,7 +76,57 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="accept the keys in this file, one NAME:KEY per line, re-read when it changes "
         "(auth.keys_file)",
     )
+    p.add_argument(
+        "--pd-disaggregation",
+        action="store_const",
+        const=True,
+        help="prefill/decode disaggregation: each request goes to a --prefill and a --decode "
+        "worker together (pd.disaggregation; docs/pd.md)",
+    )
+    p.add_argument(
+        "--prefill",
+        action="append",
+        nargs="+",
+        metavar=("URL", "BOOTSTRAP_PORT"),
+        help="a prefill worker and, optionally, its --disaggregation-bootstrap-port "
+        "(default pd.bootstrap_port, 8998); repeatable",
+    )
+    p.add_argument(
+        "--decode",
+        action="append",
+        metavar="URL",
+        help="a decode worker base URL (repeatable)",
+    )
+    p.add_argument(
+        "--prefill-policy",
+        choices=typing.get_args(PrefillPolicyName),
+        help="how the prefill worker is picked (default least_queued)",
+    )
+    p.add_argument(
+        "--decode-policy",
+        choices=typing.get_args(DecodePolicyName),
+        help="how the decode worker is picked (default spare_capacity)",
+    )
     p.add_argument("--config", dest="config_file", metavar="FILE", help="YAML or TOML settings")
+
+
+def _pd_flags(args: argparse.Namespace) -> dict[str, object] | None:
+    """The ``pd`` section the PD flags give (None: none given, the other sources decide)."""
+    pd: dict[str, object] = {}
+    if args.pd_disaggregation:
+        pd["disaggregation"] = True
+    if args.prefill:
+        for entry in args.prefill:
+            if len(entry) > 2:
+                raise ConfigError(f"--prefill takes URL [BOOTSTRAP_PORT], not {' '.join(entry)}")
+        pd["prefill"] = [" ".join(entry) for entry in args.prefill]
+    if args.decode:
+        pd["decode"] = args.decode
+    if args.prefill_policy:
+        pd["prefill_policy"] = args.prefill_policy
+    if args.decode_policy:
+        pd["decode_policy"] = args.decode_policy
+    return pd or None
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -134,6 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
         api_keys=args.api_keys,
         auth={"keys_file": args.api_key_file} if args.api_key_file else None,
         config_file=args.config_file,
+        pd=_pd_flags(args),
     )
     if args.api_keys:
         print(

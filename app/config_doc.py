@@ -46,7 +46,14 @@ COMPUTED_DEFAULTS = {
     "else unset"
 }
 # Flags of `dflash-gateway serve` whose destination is not the setting's own name.
-FLAG_SETTINGS = {"api_key_file": "auth.keys_file"}
+FLAG_SETTINGS = {
+    "api_key_file": "auth.keys_file",
+    "pd_disaggregation": "pd.disaggregation",
+    "prefill": "pd.prefill",
+    "decode": "pd.decode",
+    "prefill_policy": "pd.prefill_policy",
+    "decode_policy": "pd.decode_policy",
+}
 # The page that explains a section in depth (relative to docs/).
 SEE_ALSO = {
     "": "getting-started.md",
@@ -63,6 +70,7 @@ SEE_ALSO = {
     "tenants": "tenants.md",
     "tracing": "tenants.md#traces-opentelemetry",
     "workers": "tenants.md#priority-classes-and-fair-sharing-between-api-keys",
+    "pd": "pd.md",
 }
 
 HEADER = """\

@@ -62,8 +62,17 @@ async def metrics(gw: GatewayDep) -> Response:
 
 @router.get("/workers", dependencies=[OpsKey])
 async def workers(gw: GatewayDep) -> dict[str, Any]:
+    pd = gw.proxy.pd
     return {
         "policy": gw.settings.policy,
+        # Prefill/decode disaggregation (docs/pd.md): its policies and the prefill sides running.
+        "pd": None
+        if pd is None
+        else {
+            "prefill_policy": pd.prefill_policy.name,
+            "decode_policy": pd.decode_policy.name,
+            "prefill_sides_running": len(pd.tasks),
+        },
         "draining": gw.draining,
         "queued": gw.proxy.admission.depth,
         "saturation": gw.proxy.admission.saturation(gw.pool.workers),
@@ -71,6 +80,8 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
             {
                 "name": w.name,
                 "url": w.url,
+                "role": w.role,
+                "bootstrap_port": w.bootstrap_port,
                 "engine": w.engine_name,
                 "state": w.state.value,
                 "routable": w.routable,
@@ -86,6 +97,7 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
                 "load": {
                     "running": w.load.running,
                     "waiting": w.load.waiting,
+                    "waiting_tokens": w.load.waiting_tokens,
                     "token_usage": w.load.token_usage,
                     "gen_throughput": w.load.gen_throughput,
                     "per_request_rate": w.rate,

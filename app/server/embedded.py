@@ -58,10 +58,16 @@ class _Child:
 
 
 class EmbeddedWorkers:
-    def __init__(self, config: EmbeddedConfig, *, python: str = sys.executable) -> None:
+    def __init__(
+        self, config: EmbeddedConfig, *, python: str = sys.executable, pd: bool = False
+    ) -> None:
         self._config = config
         self._python = python
         self._children: list[_Child] = []
+        # PD disaggregation: one emulated prefill worker (with its bootstrap port) and one
+        # emulated decode worker, instead of ``config.workers`` whole ones.
+        self._pd = pd
+        self.bootstrap_port: int | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -69,7 +75,7 @@ class EmbeddedWorkers:
 
     def _ports(self) -> Iterator[int]:
         taken: set[int] = set()
-        for i in range(self._config.workers):
+        for i in range(2 if self._pd else self._config.workers):
             port = self._config.base_port + i if self._config.base_port else 0
             if not port or not _port_free(port):
                 if port:
@@ -82,7 +88,7 @@ class EmbeddedWorkers:
 
     def start(self, timeout: float = 60.0) -> list[str]:
         """Start every worker and wait until each answers ``/health`` with 200."""
-        for port in self._ports():
+        for i, port in enumerate(self._ports()):
             argv = [
                 self._python, "-m", "app", "emulate",
                 "--host", HOST,
@@ -90,6 +96,14 @@ class EmbeddedWorkers:
                 "--speed", repr(self._config.speed),
                 "--model", self._config.model,
             ]  # fmt: skip
+            if self._pd and i == 0:
+                self.bootstrap_port = _free_port()
+                argv += [
+                    "--disaggregation-mode", "prefill",
+                    "--disaggregation-bootstrap-port", str(self.bootstrap_port),
+                ]  # fmt: skip
+            elif self._pd:
+                argv += ["--disaggregation-mode", "decode"]
             popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

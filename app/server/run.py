@@ -58,7 +58,10 @@ def _banner(settings: Settings, port: int, workers: list[str]) -> str:
     aliases = [a for a, t in settings.model_aliases.items() if t == model]
     lines = [f"dflash-gateway: serving on {base}"]
     if workers:
-        lines[0] += f" in front of {len(workers)} emulated workers ({', '.join(workers)})"
+        if settings.pd.disaggregation:
+            lines[0] += f" in PD mode: emulated prefill {workers[0]}, decode {workers[1]}"
+        else:
+            lines[0] += f" in front of {len(workers)} emulated workers ({', '.join(workers)})"
         lines += ["Try it:", "  " + curl_example(base, aliases[0] if aliases else model)]
         lines.append("Ctrl-C stops the gateway and its workers.")
     return "\n".join(lines)
@@ -74,14 +77,25 @@ def serve(settings: Settings, *, metrics_dir: Path | None = None) -> int:
     log_config = configure_logging(settings.log_level, json=settings.log_json)
     # SIGTERM behaves like Ctrl-C (uvicorn shuts down gracefully, then re-raises it here).
     signal.signal(signal.SIGTERM, _interrupt)
-    embedded = EmbeddedWorkers(settings.embedded) if settings.embedded_default else None
+    embedded = (
+        EmbeddedWorkers(settings.embedded, pd=settings.pd.disaggregation)
+        if settings.embedded_default
+        else None
+    )
     try:
         with contextlib.ExitStack() as stack:
             workers: list[str] = []
             if embedded is not None:
                 stack.enter_context(embedded)
                 workers = embedded.start()
-                settings = settings.model_copy(update={"worker_urls": workers})
+                if settings.pd.disaggregation:  # the first is the prefill worker
+                    prefill = f"{workers[0]} {embedded.bootstrap_port}"
+                    pd = settings.pd.model_copy(
+                        update={"prefill": [prefill], "decode": workers[1:]}
+                    )
+                    settings = settings.model_copy(update={"pd": pd})
+                else:
+                    settings = settings.model_copy(update={"worker_urls": workers})
             if settings.processes > 1:
                 socks = listen_shared(settings.host, settings.port, settings.processes)
                 msocks = (

@@ -58,7 +58,8 @@ def test_the_collapsed_worker_is_flagged_and_with_deweighting_avoided(
         exposition = client.get("/metrics").text
         gauges = dict(
             re.findall(
-                r'dflash_gateway_worker_accept_collapsed\{worker="([^"]+)"\} (\S+)', exposition
+                r'dflash_gateway_worker_accept_collapsed\{role="whole",worker="([^"]+)"\} (\S+)',
+                exposition,
             )
         )
         assert gauges == {name: ("1.0" if name == bad else "0.0") for name in names}

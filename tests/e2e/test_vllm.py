@@ -88,10 +88,12 @@ def test_each_worker_engine_is_detected_with_its_own_capacity(
     assert table[sglang.url]["capacity"]["admission_cap"] == 48
     text = httpx.get(gw.url + "/metrics", timeout=5).text
     assert (
-        f'dflash_gateway_worker_engine_info{{engine="vllm",worker="{_name(vllm_a)}"}} 1.0' in text
+        f'dflash_gateway_worker_engine_info{{engine="vllm",role="whole",worker="{_name(vllm_a)}"}} 1.0'
+        in text
     )
     assert (
-        f'dflash_gateway_worker_engine_info{{engine="sglang",worker="{_name(sglang)}"}} 1.0' in text
+        f'dflash_gateway_worker_engine_info{{engine="sglang",role="whole",worker="{_name(sglang)}"}} 1.0'
+        in text
     )
 
 

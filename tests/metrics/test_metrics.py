@@ -192,7 +192,8 @@ async def test_worker_gauges_come_from_the_pool_when_scraped() -> None:
         second = await scrape(gw)
         pool.reconcile([e for e in _endpoints(pool) if e.name != workers[1].name])
         third = await scrape(gw)
-    w1, w2 = {"worker": workers[0].name}, {"worker": workers[1].name}
+    w1 = {"role": "whole", "worker": workers[0].name}  # labels in the exposition's order
+    w2 = {"role": "whole", "worker": workers[1].name}
     for w in (w1, w2):
         assert value(first, "dflash_gateway_worker_up", **w) == 1
         assert value(first, "dflash_gateway_worker_breaker_state", **w) == 0
