@@ -87,14 +87,9 @@ def test_each_worker_engine_is_detected_with_its_own_capacity(
     assert table[vllm_a.url]["capacity"]["admission_cap"] == 6
     assert table[sglang.url]["capacity"]["admission_cap"] == 48
     text = httpx.get(gw.url + "/metrics", timeout=5).text
-    assert (
-        f'dflash_gateway_worker_engine_info{{engine="vllm",role="whole",worker="{_name(vllm_a)}"}} 1.0'
-        in text
-    )
-    assert (
-        f'dflash_gateway_worker_engine_info{{engine="sglang",role="whole",worker="{_name(sglang)}"}} 1.0'
-        in text
-    )
+    info = "dflash_gateway_worker_engine_info"
+    assert f'{info}{{engine="vllm",role="whole",worker="{_name(vllm_a)}"}} 1.0' in text
+    assert f'{info}{{engine="sglang",role="whole",worker="{_name(sglang)}"}} 1.0' in text
 
 
 def test_openai_sdk_curl_and_anthropic_are_served_by_every_engine(
