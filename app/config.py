@@ -570,6 +570,13 @@ class Settings(BaseSettings):
             )
         if self.pd.disaggregation and self.discovery.mode != "static":
             raise ValueError("PD disaggregation supports discovery.mode static only")
+        if self.pd.disaggregation and any(
+            name.startswith("bootstrap_") for name in self.limits.extra_fields
+        ):
+            raise ValueError(
+                "PD disaggregation sets the bootstrap fields itself: they cannot be "
+                "limits.extra_fields"
+            )
         return self
 
     @field_validator("worker_urls", "api_keys", "cors_origins", mode="before")

@@ -441,9 +441,15 @@ class GatewayHarness:
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
         span_exporter: Any = None,
+        prefill: Sequence[FakeWorker] = (),
+        decode: Sequence[FakeWorker] = (),
         **settings: Any,
     ) -> None:
-        self.workers = list(workers)
+        # PD disaggregation (docs/pd.md): ``prefill`` and ``decode`` workers instead of whole
+        # ones; each prefill worker's bootstrap port is its ``bootstrap_port`` attribute when
+        # it has one, else pd.bootstrap_port.
+        self.prefill, self.decode = list(prefill), list(decode)
+        self.workers = [*workers, *self.prefill, *self.decode]
         self._settings = settings
         self._factory: dict[str, Any] = {"clock": clock, "rng": rng, "span_exporter": span_exporter}
         self.lanes_offered = 0  # requests the server offered the direct lane
@@ -470,7 +476,19 @@ class GatewayHarness:
     async def _start(self) -> None:
         for worker in self.workers:
             await worker.start()
-        self.settings = Settings(worker_urls=[w.url for w in self.workers], **self._settings)
+        if self.prefill or self.decode:
+            pd = {
+                "disaggregation": True,
+                "prefill": [
+                    f"{w.url} {w.bootstrap_port}" if getattr(w, "bootstrap_port", None) else w.url
+                    for w in self.prefill
+                ],
+                "decode": [w.url for w in self.decode],
+                **self._settings.pop("pd", {}),
+            }
+            self.settings = Settings(pd=pd, **self._settings)
+        else:
+            self.settings = Settings(worker_urls=[w.url for w in self.workers], **self._settings)
         factory = {k: v for k, v in self._factory.items() if v is not None}
         self.app = create_app(self.settings, **factory)
         app = self.app
