@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.emulator.cache import PrefixCache
+from app.emulator.disagg import DisaggConfig, Side, make_side
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
@@ -56,6 +57,8 @@ class EmulatorConfig:
     # vLLM with VLLM_SERVER_DEV_MODE=1: its /server_info (max_num_seqs) is served.
     vllm_dev_mode: bool = False
     faults: Faults = field(default_factory=Faults)
+    # Prefill/decode disaggregation (``app.emulator.disagg``); mode "null": a whole worker.
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
 
     def __post_init__(self) -> None:
         if self.profile != "auto" and self.profile not in PROFILE_NAMES:
@@ -73,6 +76,9 @@ class EmulatorConfig:
         if self.engine not in ("sglang", "vllm"):
             raise ValueError(f"unknown engine {self.engine!r}; one of sglang, vllm")
         self.faults.validate()
+        self.disagg.validate(self.port)
+        if self.disagg.enabled and (self.vllm or self.replay):
+            raise ValueError("disaggregation is emulated for SGLang without --replay only")
 
     @property
     def vllm(self) -> bool:
@@ -122,6 +128,10 @@ class Worker:
         self.total_steps = 0
         self.running_tokens = 0
         self.window = RateWindow(self.clock)
+        # The prefill or decode role's state (rooms, handshakes); None for a whole worker.
+        self.disagg: Side | None = make_side(
+            config.disagg, self.clock, f"{config.host}:{config.port}"
+        )
 
     @property
     def warming_up(self) -> bool:
