@@ -13,7 +13,13 @@ import httpx
 import pytest
 
 from tests.emulator.support import CHAT, events, record, stats, wait_for
-from tests.support.procs import PYTHON, ManagedProcess, free_port, managed_processes
+from tests.support.procs import (
+    PYTHON,
+    ManagedProcess,
+    ProcessManager,
+    free_port,
+    managed_processes,
+)
 
 pytestmark = pytest.mark.processes
 
@@ -344,3 +350,78 @@ def test_bootstrap_server_routes(pair: Pair) -> None:
         assert boot.post("/route").status_code == 405
         # The OpenAI surface is not on the bootstrap port.
         assert boot.post(CHAT_PATH, json=CHAT).status_code == 404
+
+
+def test_fake_backend_needs_no_partner(procs: ProcessManager) -> None:
+    """``--disaggregation-transfer-backend fake`` (SGLang's ``fake/conn.py``): no handshake, no
+    room needed, the transfer succeeds at once; each role answers alone."""
+    fake = ["--disaggregation-transfer-backend", "fake"]
+    boot = str(free_port())
+    prefill = procs.start(
+        [
+            *EMULATE,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            boot,
+            *fake,
+        ],
+        name="prefill",
+    )
+    decode = procs.start([*EMULATE, "--disaggregation-mode", "decode", *fake], name="decode")
+    body = {**CHAT, "max_tokens": 12}
+    with httpx.Client(timeout=30) as client:
+        p = client.post(prefill.url + CHAT_PATH, json=body).json()
+        d = client.post(decode.url + CHAT_PATH, json=body).json()
+        assert p["usage"]["completion_tokens"] == 1
+        assert d["usage"]["completion_tokens"] == 12
+        d_rooms = client.get(decode.url + "/emulator/stats").json()["rooms"]
+    assert [r["outcome"] for r in d_rooms["records"]] == ["served"]
+
+
+def test_decode_fails_when_its_prefill_server_dies(procs: ProcessManager) -> None:
+    """A bootstrap server that stops answering fails the rooms waiting on it ("Lost connection
+    with prefill instance"), after heartbeat_max_failure tries heartbeat_interval apart."""
+    boot = free_port()
+    prefill = procs.start(
+        [
+            *EMULATE,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            str(boot),
+        ],
+        name="prefill",
+    )
+    decode = procs.start(
+        [
+            *EMULATE,
+            "--disaggregation-mode",
+            "decode",
+            "--disaggregation-heartbeat-interval",
+            "0.2",
+        ],
+        name="decode",
+    )
+    body = {
+        **CHAT,
+        "rid": "orphan",
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": boot,
+        "bootstrap_room": 99,
+    }
+    with (
+        httpx.Client(base_url=decode.url, timeout=60) as d,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        answer = pool.submit(d.post, CHAT_PATH, json=body)
+        _pending(d, lambda r: r["room"] == 99 and r["status"] == "WaitingForInput")
+        prefill.kill()
+        got = answer.result()
+        assert got.status_code == 500
+        assert got.json()["message"].endswith(
+            f"KVTransferError(bootstrap_room=99): Lost connection with prefill instance "
+            f"(bootstrap_addr: 127.0.0.1:{boot})"
+        )
+        assert _room_record(d, 99)["outcome"] == "failed"
+        assert _rooms_of(d)["pending"] == [] and stats(d)["active"] == []
