@@ -148,6 +148,9 @@ async def _unless_aborted(active: ActiveRequest, work: Awaitable[T]) -> tuple[bo
 
 
 class _Side:
+    # The record's name for the other side of the room.
+    peer_key = "peer"
+
     def __init__(self, config: DisaggConfig, clock: Clock) -> None:
         self.config = config
         self.clock = clock
@@ -176,6 +179,7 @@ class _Side:
                 "room": use.room,
                 "role": self.config.mode,
                 "rid": session.rid,
+                self.peer_key: use.peer,
                 "outcome": outcome,
                 "reason": use.reason,
                 "started": use.started,
@@ -200,6 +204,8 @@ class _Side:
 
 class PrefillSide(_Side):
     """P: the room table its bootstrap server serves, and each request's wait and transfer."""
+
+    peer_key = "decode"
 
     def __init__(self, config: DisaggConfig, clock: Clock) -> None:
         super().__init__(config, clock)
@@ -297,6 +303,8 @@ class PrefillSide(_Side):
 
 class DecodeSide(_Side):
     """D: the handshake with P's bootstrap server and the wait for the room's transfer."""
+
+    peer_key = "prefill"
 
     def __init__(self, config: DisaggConfig, clock: Clock, own_address: str) -> None:
         super().__init__(config, clock)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import enum
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,10 +68,16 @@ class Room:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def changed(self, within_s: float) -> None:
-        """Until the room's status changes, at most ``within_s`` seconds."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), within_s)
+    def changed(self, within_s: float) -> Awaitable[None]:
+        """Until the room's status changes from what it is now, at most ``within_s`` seconds
+        (the change is the one after this call, even if the wait starts later)."""
+        event = self._changed
+
+        async def wait() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), within_s)
+
+        return wait()
 
     def view(self) -> dict[str, Any]:
         return {

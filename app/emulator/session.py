@@ -124,10 +124,13 @@ class Session:
         w = self.worker
         try:
             self._holding_slot = await w.scheduler.acquire(self.active)
-        except QueueFull:
+        except QueueFull as refused:
             w.scheduler.unregister(self.active)
             w.stats.count("queue_rejected")
             self._finished = True
+            if w.disagg is not None:  # no request record, but the room's
+                self.room_use.outcome, self.room_use.reason = "refused", refused.message
+                w.disagg.record(self, self.room_use, {"prompt_tokens": self.prompt_tokens})
             raise
         w.metrics.on_queued(w.clock.monotonic() - self.active.started_mono)
         if not self._holding_slot:
