@@ -58,21 +58,35 @@ class LeastInflight:
 
 class LeastQueued:
     """A prefill worker's pick (PD disaggregation): the fewest prompt tokens queued for prefill
-    (its polled ``waiting_tokens``), then the fewest requests sent to it since that poll, then
-    in flight, then by name."""
+    (its polled ``waiting_tokens``), then the fewest requests sent to it since that poll or
+    waiting there, then in flight; ties go round the workers in turn (an idle pool shares the
+    work rather than sending it all to one worker)."""
 
     name = "least_queued"
 
+    def __init__(self) -> None:
+        self._turn = 0
+
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
-        return min(
-            workers,
-            key=lambda w: (
-                w.load.waiting_tokens,
-                max(0, w.in_flight - w.in_flight_at_load) + w.load.waiting,
-                w.in_flight,
-                w.name,
-            ),
-        )
+        count = len(workers)
+        start = self._turn % count
+        self._turn = start + 1
+        best = workers[start]
+        best_key = _queued_key(best)
+        for i in range(1, count):
+            worker = workers[(start + i) % count]
+            key = _queued_key(worker)
+            if key < best_key:
+                best, best_key = worker, key
+        return best
+
+
+def _queued_key(w: Worker) -> tuple[int, int, int]:
+    return (
+        w.load.waiting_tokens,
+        max(0, w.in_flight - w.in_flight_at_load) + w.load.waiting,
+        w.in_flight,
+    )
 
 
 class PowerOfTwo:

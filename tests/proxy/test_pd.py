@@ -135,9 +135,9 @@ async def test_a_retry_goes_to_another_pair_with_a_new_room() -> None:
 async def test_a_prefill_failure_aborts_the_decode_side_and_retries_on_another_prefill() -> None:
     ps, (d,) = pd_pair(prefill=2, decode=1)
     async with GatewayHarness([], prefill=ps, decode=[d]) as gw:
-        # least_queued breaks ties by name: the first by name is tried first, and fails; it
+        # The first pick of an idle pool is the first prefill worker listed; it fails and
         # never hands over its room, so the decode side waits for it.
-        bad, good = sorted(ps, key=lambda w: w.name)
+        bad, good = ps
         bad.fail_status, d.prefills = 500, [good]
         ex = await gw.post(CHAT, chat(stream=True))
         await wait_for(lambda: d.waiting == 0)
@@ -257,9 +257,17 @@ def test_least_queued_picks_the_fewest_queued_prefill_tokens_then_requests() -> 
     b = _worker("b", "prefill", waiting_tokens=100, waiting=5)
     c = _worker("c", "prefill", waiting_tokens=100, waiting=2)
     ctx = RoutingContext(MODEL)
-    assert LeastQueued().pick(ctx, [a, b, c]) is c
+    policy = LeastQueued()
+    assert policy.pick(ctx, [a, b, c]) is c
     c.in_flight = 4  # sent since its poll: counts as queued
-    assert LeastQueued().pick(ctx, [a, b, c]) is b
+    assert policy.pick(ctx, [a, b, c]) is b
+
+
+def test_least_queued_takes_idle_workers_in_turn() -> None:
+    idle = [_worker(name, "prefill") for name in "abc"]
+    policy = LeastQueued()
+    picks = [policy.pick(RoutingContext(MODEL), idle).name for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
 
 
 def test_settings_take_sglang_routers_prefill_form_and_refuse_half_a_fleet() -> None:
