@@ -495,6 +495,73 @@ def panels() -> list[dict[str, Any]]:
         w=8,
     )
 
+    g.row("Prefill/decode disaggregation")
+    g.add(
+        timeseries(
+            "KV-transfer wait",
+            "s",
+            quantiles("pd_kv_transfer_wait_seconds", "model"),
+            "From a pair's request sent to both workers to the decode worker's first data event, "
+            "less the prefill worker's own time: how long decode waited on the KV transfer "
+            "(docs/pd.md). Empty without --pd-disaggregation.",
+        ),
+        w=6,
+    )
+    g.add(
+        timeseries(
+            "Prefill queue",
+            "short",
+            [
+                target(
+                    f'sum by (worker) ({P}worker_queued_prefill_tokens{{role="prefill",{W}}})',
+                    "{{worker}} tokens",
+                ),
+                target(
+                    f'sum by (worker) ({P}worker_waiting_requests{{role="prefill",{W}}})',
+                    "{{worker}} requests",
+                ),
+            ],
+            "Prompt tokens and requests each prefill worker reports queued: what least_queued "
+            "picks by.",
+        ),
+        w=6,
+    )
+    g.add(
+        timeseries(
+            "Decode running",
+            "short",
+            [
+                target(
+                    f'sum by (worker) ({P}worker_running_requests{{role="decode",{W}}})',
+                    "{{worker}} running",
+                ),
+                target(
+                    f'sum by (worker) ({P}in_flight_requests{{role="decode",{W}}})',
+                    "{{worker}} in flight",
+                ),
+            ],
+            "Requests each decode worker runs (its batch) and the gateway's in flight there: "
+            "decode capacity bounds concurrency.",
+        ),
+        w=6,
+    )
+    g.add(
+        timeseries(
+            "Attempts by role",
+            "reqps",
+            [
+                target(
+                    f"sum by (role, outcome) (rate({P}upstream_attempts_total{R}) "
+                    f"* on (worker) group_left (role) max by (worker, role) ({P}worker_up))",
+                    "{{role}} {{outcome}}",
+                )
+            ],
+            "Upstream attempts by the worker's role and outcome: a prefill failure shows as a "
+            "prefill error and a cancelled decode attempt, retried on another pair.",
+        ),
+        w=6,
+    )
+
     g.row("Workers (SGLang's own metrics)")
     for title, metric, unit in (
         ("SGLang acceptance length", "sglang:spec_accept_length", "none"),
