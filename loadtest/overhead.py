@@ -23,6 +23,14 @@ a stop per content block); the table's last lines give its CPU per chunk against
 ``/v1/chat/completions``'. The same for OpenAI's Responses API (target ``gateway-responses``:
 ``POST /v1/responses``, each worker chunk translated into typed Responses events: about one
 delta event per worker chunk, plus the lifecycle and item events).
+
+PD rows (unless ``--skip-pd``): prefill/decode disaggregation costs the gateway a second upstream
+request per client request (the prefill side, read and dropped) and a pair's bookkeeping. Replay
+mode has no disaggregation, so two more gateways are measured against generating emulators at
+``--pd-speed``: ``gateway-1pool`` in front of one whole worker and ``gateway-pd``
+(``--pd-disaggregation``) in front of one prefill and one decode worker (transfer backend
+``fake``: the handshake costs the emulators nothing). The table's last lines give gateway-pd's CPU
+per chunk against gateway-1pool's, same scenario, same run.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ GATEWAY = "dflash-gateway"
 GATEWAY_MESSAGES = "gateway-messages"
 RESPONSES = "/v1/responses"
 GATEWAY_RESPONSES = "gateway-responses"
+GATEWAY_1POOL = "gateway-1pool"
+GATEWAY_PD = "gateway-pd"
 # A Responses stream ends with one of these events: the answer whole (maybe cut at max tokens),
 # or a failure.
 _ENDED = (b"event: response.completed", b"event: response.incomplete")
@@ -116,6 +126,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="configure this one API key on the gateway and send it (the tenant path: key, "
         "limits, tenant policy); sglang-router gets the header too and ignores it",
     )
+    p.add_argument(
+        "--skip-pd", action="store_true", help="do not measure PD disaggregation (gateway-pd)"
+    )
+    p.add_argument("--pd-speed", type=float, default=50.0, help="the PD rows' emulators' --speed")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--out", type=Path, default=Path("bench-results"))
 
@@ -349,6 +363,46 @@ def start_proxies(
     return proxies
 
 
+def start_pd(
+    procs: ProcessManager, scenario: Scenario, args: argparse.Namespace
+) -> tuple[dict[str, ManagedProcess], list[ManagedProcess]]:
+    """The PD rows' gateways (single-pool and PD) and their generating emulators."""
+    emulate = [
+        PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", str(args.pd_speed),
+        "--max-running-requests", "4096",
+    ]  # fmt: skip
+    bootstrap = free_port()
+    whole = procs.start(_pin(args.load_cpu, emulate), name=f"whole-{scenario.name}")
+    fake = ["--disaggregation-transfer-backend", "fake"]
+    prefill = procs.start(
+        _pin(args.load_cpu, [*emulate, "--disaggregation-mode", "prefill",
+                             "--disaggregation-bootstrap-port", str(bootstrap), *fake]),
+        name=f"prefill-{scenario.name}",
+    )  # fmt: skip
+    decode = procs.start(
+        _pin(args.load_cpu, [*emulate, "--disaggregation-mode", "decode", *fake]),
+        name=f"decode-{scenario.name}",
+    )
+    serve = [PYTHON, "-m", "app", "serve", "--port", "{port}"]
+    env = {
+        "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
+        "DFLASH_GATEWAY_LOG_LEVEL": "warning",
+    }
+    gateways = {
+        GATEWAY_1POOL: procs.start(
+            _pin(args.proxy_cpu, [*serve, "--worker-url", whole.url]),
+            name=GATEWAY_1POOL, ready_path="/readyz", ready_status=200, env=env,
+        ),
+        GATEWAY_PD: procs.start(
+            _pin(args.proxy_cpu, [*serve, "--pd-disaggregation",
+                                  "--prefill", prefill.url, str(bootstrap),
+                                  "--decode", decode.url]),
+            name=GATEWAY_PD, ready_path="/readyz", ready_status=200, env=env,
+        ),
+    }  # fmt: skip
+    return gateways, [whole, prefill, decode]
+
+
 async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[Measurement]:
     measurements: list[Measurement] = []
     model = "moonshotai/Kimi-K2.5"
@@ -361,6 +415,11 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
         if scenario.stream:  # the same gateway process, serving Anthropic's Messages API
             targets.append((GATEWAY_MESSAGES, proxies[GATEWAY], proxies[GATEWAY], MESSAGES))
             targets.append((GATEWAY_RESPONSES, proxies[GATEWAY], proxies[GATEWAY], RESPONSES))
+        pd_emulators: list[ManagedProcess] = []
+        if not getattr(args, "skip_pd", True):
+            pd_gateways, pd_emulators = start_pd(procs, scenario, args)
+            proxies.update(pd_gateways)
+            targets += [(n, p, p, CHAT) for n, p in pd_gateways.items()]
         for name, target, proxy, path in targets:
             warm = Scenario(
                 scenario.name,
@@ -380,7 +439,7 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
                 f"  {scenario.name:<18} {name:<16} ok={result.ok} failed={result.failed}",
                 file=sys.stderr,
             )
-        for proc in (*proxies.values(), emulator):
+        for proc in (*proxies.values(), emulator, *pd_emulators):
             proc.stop()
     return measurements
 
@@ -417,7 +476,26 @@ def table(measurements: Sequence[Measurement]) -> str:
         for name, times in messages_vs_chat(measurements, target).items():
             figure = "n/a (under the CPU clock's 10 ms tick)" if times is None else f"{times:.2f}x"
             lines.append(f"{name}: {path} CPU per chunk = {figure} /v1/chat/completions")
+    for name, times in pd_vs_single(measurements).items():
+        figure = "n/a (under the CPU clock's 10 ms tick)" if times is None else f"{times:.2f}x"
+        lines.append(f"{name}: PD disaggregation CPU per chunk = {figure} single-pool")
     return "\n".join(lines)
+
+
+def pd_vs_single(measurements: Sequence[Measurement]) -> dict[str, float | None]:
+    """Per scenario: gateway-pd's CPU per chunk (per request, non-streaming) over
+    gateway-1pool's (None when either is too small to measure)."""
+    out: dict[str, float | None] = {}
+    for m in measurements:
+        if m.target != GATEWAY_PD:
+            continue
+        single = next(
+            (c for c in measurements if c.scenario == m.scenario and c.target == GATEWAY_1POOL),
+            None,
+        )
+        mine, theirs = m.cpu_per_1000(), single.cpu_per_1000() if single is not None else None
+        out[m.scenario] = mine / theirs if mine is not None and theirs else None
+    return out
 
 
 def messages_vs_chat(

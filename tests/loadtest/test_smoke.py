@@ -121,10 +121,12 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
         targets = {line.split()[1] for line in lines if line.split()[:1] == [scenario]}
         streamed = scenario.startswith("stream")
         surfaces = {"gateway-messages", "gateway-responses"} if streamed else set()
-        assert targets == {"direct", "dflash-gateway", *surfaces}
+        assert targets == {"direct", "dflash-gateway", "gateway-1pool", "gateway-pd", *surfaces}
         for path in ("/v1/messages", "/v1/responses"):
             ratio = [line for line in lines if line.startswith(f"{scenario}: {path} CPU")]
             assert len(ratio) == (1 if streamed else 0)
+        pd = [line for line in lines if line.startswith(f"{scenario}: PD disaggregation CPU")]
+        assert len(pd) == 1
     data = json.loads((tmp_path / "overhead.json").read_text())
     assert all(m["failed"] == 0 for m in data)
     assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")
