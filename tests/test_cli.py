@@ -135,3 +135,36 @@ def test_the_gateway_never_imports_the_benchmarks() -> None:
             if any(n == "loadtest" or n.startswith("loadtest.") for n in names):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, f"app imports loadtest at {offenders}"
+
+
+def test_serve_takes_sglang_routers_pd_flags() -> None:
+    from app.__main__ import _pd_flags, serve_parser
+    from app.config import load_settings
+
+    args = serve_parser().parse_args(
+        [
+            "--pd-disaggregation",
+            "--prefill", "http://p0:30000", "9001",
+            "--prefill", "http://p1:30000",
+            "--decode", "http://d0:30000",
+            "--decode", "http://d1:30000",
+            "--prefill-policy", "prefix_affinity",
+        ]
+    )  # fmt: skip
+    settings = load_settings(pd=_pd_flags(args))
+    assert settings.pd.disaggregation
+    assert settings.pd.prefill_workers() == [("http://p0:30000", 9001), ("http://p1:30000", 8998)]
+    assert settings.pd.decode == ["http://d0:30000", "http://d1:30000"]
+    assert settings.pd.prefill_policy == "prefix_affinity"
+    assert _pd_flags(serve_parser().parse_args([])) is None  # no flag: env and file decide
+
+
+@pytest.mark.processes
+def test_bad_pd_flags_exit_2_with_a_clear_message() -> None:
+    result = _run("serve", "--pd-disaggregation", "--prefill", "http://p:1", "1", "2")
+    assert result.returncode == 2
+    assert "--prefill takes URL [BOOTSTRAP_PORT]" in result.stderr
+    result = _run("serve", "--pd-disaggregation", "--prefill", "http://p:1")
+    assert result.returncode == 2
+    assert "at least one prefill and one decode worker" in result.stderr
+    assert "Traceback" not in result.stderr
