@@ -247,7 +247,12 @@ class Pair:
                 if self._written and not answered:
                     pd._spawn(pd._abort(worker, attempt.rid))
                 if not attempt.committed and not self._decode_closed:
-                    await attempt.fail(PrefillFailed(f"prefill worker {worker.name}: {exc}"))
+                    # P refused the request itself (a 4xx): so would any pair; else another
+                    # pair may serve it.
+                    refused = answered and exc.status < 500
+                    await attempt.fail(
+                        exc if refused else PrefillFailed(f"prefill worker {worker.name}: {exc}")
+                    )
                 return
             except asyncio.CancelledError:
                 if self._written:
@@ -290,7 +295,8 @@ class Pair:
             self.record_kv_wait()
             return
         if attempt.outcome is Outcome.OK:
-            task.get_loop().call_later(self._pd._grace_s, task.cancel)
+            timer = task.get_loop().call_later(self._pd._grace_s, task.cancel)
+            task.add_done_callback(lambda _: timer.cancel())
         else:
             task.cancel()
 

@@ -304,3 +304,17 @@ async def test_a_decode_worker_is_only_a_candidate_while_a_prefill_worker_is_up(
         ex = await gw.post(CHAT, chat(stream=True))
     assert ex.status == 503
     assert not d.requests
+
+
+async def test_a_request_the_prefill_worker_refuses_is_refused_not_retried() -> None:
+    ps, (d,) = pd_pair(prefill=2, decode=1)
+    for p in ps:
+        p.fail_status = 400  # the request itself is at fault: any pair would refuse it
+    d.prefills = []
+    async with GatewayHarness([], prefill=ps, decode=[d]) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+        await wait_for(lambda: d.waiting == 0)
+        assert d.aborted == [d.requests[0]["rid"]]
+    assert ex.status == 400
+    assert ex.json()["error"]["message"] == "The request queue is full."  # the worker's own
+    assert len(d.requests) == 1 and sum(len(p.requests) for p in ps) == 1
