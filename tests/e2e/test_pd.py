@@ -7,6 +7,7 @@ hung and no decode waiting; the acceptance length the gateway records is the dec
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -21,7 +22,10 @@ import pytest
 
 from loadtest.processes import free_port
 from tests.e2e.conftest import EMULATE, FAST_HEALTH, poll
+from tests.metrics.test_live import DASHBOARD, PD_ROW, _exprs, _row, missing_data
 from tests.support.procs import PYTHON, ManagedProcess, ProcessManager, managed_processes
+from tests.support.prometheus import start_prometheus
+from tests.support.tools import require_tool
 
 CHAT = "/v1/chat/completions"
 # The emulators' own bootstrap and waiting timeouts: long enough that a decode side released
@@ -263,3 +267,22 @@ def test_killing_a_worker_mid_run_leaves_nothing_hung(procs: ProcessManager, vic
         poll(lambda d=d: stats(d)["rooms"]["pending"] == [], timeout=10)
     table = httpx.get(gw.url + "/workers", timeout=5).json()["workers"]
     assert all(w["in_flight"] == 0 for w in table), table
+
+
+def test_the_dashboards_pd_row_has_data(fleet: dict[str, Any], procs: ProcessManager) -> None:
+    """A real Prometheus scraping the PD gateway: every query of the dashboard's PD row returns
+    data (the whole-worker fleet of tests/metrics/test_live.py checks the other rows)."""
+    require_tool("prometheus")
+    gw = fleet["gw"]
+    prom = start_prometheus(procs, {"dflash-gateway": [gw.url.removeprefix("http://")]})
+    assert prom.wait_for('up{job="dflash-gateway"} == 1')
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(
+            pool.map(lambda i: httpx.post(gw.url + CHAT, json=body(i), timeout=60), range(40))
+        )
+    assert [r.status_code for r in statuses] == [200] * 40
+    assert prom.wait_for("rate(dflash_gateway_pd_kv_transfer_wait_seconds_count[1m]) > 0")
+    board = json.loads(DASHBOARD.read_text())
+    exprs = _exprs(_row(board, PD_ROW))
+    assert len(exprs) >= 7
+    assert missing_data(prom, exprs) == []

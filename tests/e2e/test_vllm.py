@@ -45,7 +45,8 @@ def _gate(emu: ManagedProcess, body: dict[str, Any]) -> None:
 
 
 def _metric(text: str, name: str, worker: str) -> float | None:
-    found = re.search(rf'^dflash_gateway_{name}{{worker="{re.escape(worker)}"}} (\S+)$', text, re.M)
+    labels = f'role="whole",worker="{re.escape(worker)}"'
+    found = re.search(rf"^dflash_gateway_{name}{{{labels}}} (\S+)$", text, re.M)
     return float(found.group(1)) if found else None
 
 

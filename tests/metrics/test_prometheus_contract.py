@@ -126,6 +126,9 @@ class Load:
     gen_throughput: float = 5.0
     accept_length: float | None = 3.0
     accept_rate: float | None = 0.5
+    running: int = 0
+    waiting: int = 0
+    waiting_tokens: int = 0
 
 @dataclass
 class Breaker:
@@ -146,6 +149,7 @@ class Worker:
     breaker: Breaker = field(default_factory=Breaker)
     accept: Accept = field(default_factory=Accept)
     engine_name: str = "sglang"
+    role: str = "whole"
 
 metrics = Metrics(models=["kimi"])
 assert metrics.multiprocess
@@ -172,9 +176,9 @@ def test_multiprocess_exposition_merges_files_and_drops_departed_workers(tmp_pat
         'dflash_gateway_requests_total{model="kimi",route="/v1/chat/completions",status="200"} 1.0'
         in text
     ), "MultiProcessCollector no longer merges the processes' counter files"
-    assert 'dflash_gateway_worker_up{worker="w1"} 1.0' in text
+    assert 'dflash_gateway_worker_up{role="whole",worker="w1"} 1.0' in text
     assert 'worker="w2"' not in text.split("dflash_gateway_worker_up", 1)[1].split("# HELP")[0]
-    assert 'dflash_gateway_worker_accept_collapsed{worker="w1"} 1.0' in text
+    assert 'dflash_gateway_worker_accept_collapsed{role="whole",worker="w1"} 1.0' in text
     collapsed = text.split("dflash_gateway_worker_accept_collapsed", 1)[1].split("# HELP")[0]
     assert 'worker="w2"' not in collapsed
     # tests/metrics/test_processes.py reads a process's counter file directly.
