@@ -98,10 +98,11 @@ class DisaggConfig:
 class TransferFailed(Exception):
     """The request is aborted with a status (SGLang's ``prepare_abort(req, message, status)``)."""
 
-    def __init__(self, message: str, status: int = 500) -> None:
+    def __init__(self, message: str, status: int = 500, stage: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.stage = stage  # bootstrap | transfer: SGLang's failure counter it counts in
         self.outcome = "failed"
 
 
@@ -216,7 +217,8 @@ class PrefillSide(_Side):
     def _failed(self, session: Session, room: int, reason: str, stage: str) -> TransferFailed:
         return TransferFailed(
             f"Prefill {stage} failed for request rank=0 req.rid={session.rid!r} "
-            f"req.bootstrap_room={room} with exception {_kv_error(room, reason)}"
+            f"req.bootstrap_room={room} with exception {_kv_error(room, reason)}",
+            stage=stage,
         )
 
     async def bootstrap(self, session: Session) -> Room | None:
@@ -331,7 +333,8 @@ class DecodeSide(_Side):
         room = session.req.bootstrap_room
         return TransferFailed(
             f"Decode {stage} failed for request rank=0 decode_req.req.rid={session.rid!r} "
-            f"decode_req.req.bootstrap_room={room} with exception {_kv_error(room or 0, reason)}"
+            f"decode_req.req.bootstrap_room={room} with exception {_kv_error(room or 0, reason)}",
+            stage="bootstrap" if stage == "handshake" else stage,
         )
 
     async def receive(self, session: Session) -> bool:

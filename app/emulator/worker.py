@@ -119,7 +119,9 @@ class Worker:
         self.gate = Gate()
         self.stats = StatsBook(config.stats_file)
         self.metrics: EmulatorMetrics | VLLMMetrics = (
-            VLLMMetrics(config.model) if config.vllm else EmulatorMetrics(config.model)
+            VLLMMetrics(config.model)
+            if config.vllm
+            else EmulatorMetrics(config.model, config.disagg.mode)
         )
         self.started_mono = self.clock.monotonic()
         self.started = self.clock.time()
@@ -159,3 +161,5 @@ class Worker:
             max_total_tokens=MAX_TOTAL_NUM_TOKENS,
             cache_hit_rate=self.cache.hit_rate,
         )
+        if self.disagg is not None and isinstance(self.metrics, EmulatorMetrics):
+            self.metrics.refresh_disagg(self.disagg.loads())
