@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from app.emulator.disagg import DecodeSide, PrefillSide, RoomUse
+from app.emulator.decode_role import DecodeSide
+from app.emulator.disagg import RoomUse
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation, Step
+from app.emulator.prefill_role import PrefillSide
 from app.emulator.profiles import PROFILE_NAMES, classify
 from app.emulator.requests import GenRequest
 from app.emulator.worker import Worker

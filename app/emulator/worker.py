@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.emulator.cache import PrefixCache
-from app.emulator.disagg import DisaggConfig, Side, make_side
+from app.emulator.disagg import DisaggConfig
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
+from app.emulator.roles import Side, make_side
 from app.emulator.stats import StatsBook
 from app.emulator.vllm import VLLMMetrics
 
