@@ -440,3 +440,36 @@ def test_decode_fails_when_its_prefill_server_dies(procs: ProcessManager) -> Non
         )
         assert _room_record(d, 99)["outcome"] == "failed"
         assert _rooms_of(d)["pending"] == [] and stats(d)["active"] == []
+
+
+def test_prefill_gives_up_when_no_decode_side_comes(procs: ProcessManager) -> None:
+    """P waits for D's destination at most the bootstrap timeout, then fails like SGLang. (Late
+    arrivals on a failed room fail at once: the timeout and abort tests above.)"""
+    boot = free_port()
+    prefill = procs.start(
+        [
+            *EMULATE,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            str(boot),
+            "--disaggregation-bootstrap-timeout",
+            "1",
+        ],
+        name="prefill",
+    )
+    body = {**CHAT, "rid": "alone", "bootstrap_host": "127.0.0.1", "bootstrap_port": boot}
+    with httpx.Client(base_url=prefill.url, timeout=30) as p:
+        answer = p.post(CHAT_PATH, json={**body, "bootstrap_room": 5})
+        assert answer.status_code == 500
+        assert answer.json()["message"] == (
+            "Prefill bootstrap failed for request rank=0 req.rid='alone' req.bootstrap_room=5 "
+            "with exception KVTransferError(bootstrap_room=5): Request 5 timed out after 1.0s "
+            "in KVPoll.Bootstrapping"
+        )
+        assert _room_record(p, 5)["outcome"] == "bootstrap_timeout"
+        assert _metric(p, "sglang:num_bootstrap_failed_reqs_total")[0] == 1
+        assert _rooms_of(p)["pending"] == []
+        streamed = p.post(CHAT_PATH, json={**body, "bootstrap_room": 6, "stream": True})
+        assert streamed.status_code == 200 and "KVPoll.Bootstrapping" in streamed.text
+        assert streamed.text.endswith("data: [DONE]\n\n")
