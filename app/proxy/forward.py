@@ -43,7 +43,7 @@ from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.resume import Resume, Stream, continuation_body
+from app.proxy.resume import Resume, Stream, Usage, continuation_body
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
 from app.routing.policies import Policy, RoutingContext
@@ -79,6 +79,7 @@ class Job:
     queue_wait_s: float = 0.0  # time spent in the admission queue
     attempt: Attempt | None = None  # the last upstream attempt
     trace: RequestTrace | None = None  # its spans, when tracing is on
+    continued: Usage | None = None  # a continued stream's counts, attempt by attempt
 
     @property
     def committed(self) -> bool:
@@ -267,7 +268,9 @@ class Proxy:
         attempt = job.attempt
         tally = attempt.tally if attempt is not None else None
         usage = tally.usage if tally is not None else None
-        if attempt is not None and usage is not None:
+        if attempt is not None and usage is not None and job.continued is not None:
+            self._record_shares(job, attempt.worker, job.continued, usage.verify_steps)
+        elif attempt is not None and usage is not None:
             steps = usage.verify_steps
             source: str | None = "exact" if usage.exact else "estimated"
             if record.continuations:
@@ -300,6 +303,33 @@ class Proxy:
                 chunk_times=tally.chunk_times,
                 completion_tokens=usage.completion_tokens if usage is not None else None,
             )
+
+    def _record_shares(self, job: Job, last: Worker, continued: Usage, steps: int | None) -> None:
+        """A continued stream's tokens and verify steps, each attempt's on its own worker
+        (``app.proxy.resume``); ``steps``: the verify steps of the whole stream."""
+        record, model = job.record, job.ctx.model
+        record.continuation_prompt_tokens = continued.continuation_prompt_tokens
+        record.tokens_estimated = not continued.exact
+        total = 0
+        for worker, prompt, completion, own in continued.shares:
+            if worker is None:  # the last attempt: the stream's steps less the others'
+                own = steps - total if steps is not None and steps > total else None
+                worker = last
+            metrics_steps = own if own and completion else None
+            self._metrics.record_tokens(
+                model,
+                worker.name,
+                prompt=prompt,
+                completion=completion,
+                reasoning=None,
+                verify_steps=metrics_steps,
+                source="estimated" if metrics_steps else None,
+            )
+            if metrics_steps:
+                total += metrics_steps
+                self.acceptance.observe(worker, completion / metrics_steps)
+        if total:
+            record.accept_length = round(continued.completion_tokens / total, 3)
 
     async def _forward(
         self, job: Job, down: Downstream, sup: Supervisor
@@ -346,6 +376,10 @@ class Proxy:
                 break
             worker = self._policy.pick(job.ctx, candidates)
             tried.add(worker.name)
+            if keep is not None and resume is not None:
+                for leg in keep.legs:  # the broken attempts' prompts, as this worker counts them
+                    if leg.prompt_tokens is None:
+                        leg.prompt_tokens = await self._client.prompt_tokens(worker, leg.body)
             job.record.attempts = number
             job.record.worker = worker.name
             try:
@@ -354,6 +388,7 @@ class Proxy:
                 )
                 if resume is not None:
                     self._metrics.record_continuation("ok")
+                    job.continued = resume.usage
                 return None
             except UpstreamError as exc:
                 if resume is not None:
@@ -419,10 +454,17 @@ class Proxy:
         part = keep.partial()
         if not part.continuable or part.id is None:
             return "not_continuable", None, None
-        continued = continuation_body(orjson.loads(job.request.upstream_body("0" * 32)), part)
-        if continued is None:
+        first = orjson.loads(job.request.upstream_body("0" * 32))
+        continued = continuation_body(first, part)
+        if continued is None or job.attempt is None:
             return "not_continuable", None, None
-        head = orjson.dumps(continued)[:-1] + b","
+        sent = keep.body
+        if sent is None:
+            first.pop("rid", None)
+            sent = orjson.dumps(first)
+        keep.broke(job.attempt.worker, part, sent)
+        keep.body = orjson.dumps(continued)
+        head = keep.body[:-1] + b","
         keep.continuations += 1
         job.record.continuations = keep.continuations
         log.info(
@@ -438,7 +480,7 @@ class Proxy:
                 return (head, tail)
             return (head, b'"priority":%d,' % priority, tail)
 
-        return "", Resume(part.id, part.tokens), body
+        return "", Resume(part.id, keep), body
 
     def _has_other(self, job: Job, tried: set[str]) -> bool:
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))
