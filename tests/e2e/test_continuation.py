@@ -283,3 +283,59 @@ def test_a_stream_is_not_continued_on_a_vllm_worker(tmp_path: Path) -> None:
         raise
     finally:
         manager.stop_all()
+
+
+def worker_counts(stack: Stack, name: str) -> dict[str, float]:
+    """The gateway's token and verify-step counters of one worker, by metric."""
+    text = httpx.get(
+        stack.gw.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}, timeout=5
+    ).text
+    out: dict[str, float] = {}
+    for metric in ("prompt_tokens", "completion_tokens", "spec_verify_steps"):
+        pattern = (
+            rf'^dflash_gateway_{metric}_total\{{[^}}]*worker="{re.escape(name)}"[^}}]*\}} (\S+)$'
+        )
+        out[metric] = sum(float(m) for m in re.findall(pattern, text, re.MULTILINE))
+    return out
+
+
+def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> None:
+    """The client's usage (what its key is charged) is the sum of what the workers themselves
+    recorded for the request (their stats: every prefill, every token generated), the completion
+    tokens those of the unbroken stream; each worker's counters at the gateway grow by its own
+    attempt's tokens."""
+    unbroken = post(fresh.gw, body(stream_options={"include_usage": True}))
+    want = chunks_of(events_of(unbroken.text))[-1]["usage"]
+    break_two(fresh, after=25)
+    table = httpx.get(fresh.gw.url + "/workers", headers={"authorization": f"Bearer {KEY}"})
+    names = {w["url"]: w["name"] for w in table.json()["workers"]}
+    continued = n = 0
+    while continued < 2 and n < 8:  # round robin: most start on a breaking worker
+        n += 1
+        request_id = f"continued-usage-{n}"
+        before = {emu.url: worker_counts(fresh, names[emu.url]) for emu in fresh.emus}
+        response = httpx.post(
+            fresh.gw.url + CHAT,
+            json=body(stream_options={"include_usage": True}),
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
+            timeout=60,
+        )
+        usage = chunks_of(events_of(response.text))[-1]["usage"]
+        records = {
+            emu.url: [r for r in fresh.stats(emu)["requests"] if r["request_id"] == request_id]
+            for emu in fresh.emus
+        }
+        attempts = [r for rs in records.values() for r in rs]
+        continued += len(attempts) > 1
+        assert usage["prompt_tokens"] == sum(r["prompt_tokens"] for r in attempts)
+        assert usage["completion_tokens"] == sum(r["completion_tokens"] for r in attempts)
+        assert usage["completion_tokens"] == want["completion_tokens"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        for emu in fresh.emus:
+            after = worker_counts(fresh, names[emu.url])
+            own = records[emu.url]
+            grew = {k: after[k] - before[emu.url][k] for k in after}
+            assert grew["prompt_tokens"] == sum(r["prompt_tokens"] for r in own)
+            assert grew["completion_tokens"] == sum(r["completion_tokens"] for r in own)
+            assert (grew["spec_verify_steps"] > 0) == bool(own)
+    assert continued == 2
