@@ -377,9 +377,7 @@ class Proxy:
             worker = self._policy.pick(job.ctx, candidates)
             tried.add(worker.name)
             if keep is not None and resume is not None:
-                for leg in keep.legs:  # the broken attempts' prompts, as this worker counts them
-                    if leg.prompt_tokens is None:
-                        leg.prompt_tokens = await self._client.prompt_tokens(worker, leg.body)
+                await self._count(keep, worker)
             job.record.attempts = number
             job.record.worker = worker.name
             try:
@@ -463,8 +461,9 @@ class Proxy:
             first.pop("rid", None)
             sent = orjson.dumps(first)
         keep.broke(job.attempt.worker, part, sent)
+        keep.asked = {k: first[k] for k in ("max_tokens", "max_completion_tokens") if k in first}
+        keep.next = continued
         keep.body = orjson.dumps(continued)
-        head = keep.body[:-1] + b","
         keep.continuations += 1
         job.record.continuations = keep.continuations
         log.info(
@@ -475,12 +474,26 @@ class Proxy:
         )
 
         def body(rid: str, priority: int | None) -> tuple[bytes, ...]:
+            head = (keep.body or b"{}")[:-1] + b","  # its budget set by ``_count``
             tail = b'"rid":"' + rid.encode("ascii") + b'"}'
             if priority is None:
                 return (head, tail)
             return (head, b'"priority":%d,' % priority, tail)
 
         return "", Resume(part.id, keep), body
+
+    async def _count(self, keep: Stream, worker: Worker) -> None:
+        """Before a continuation on ``worker``: the prompt tokens of the attempts that broke and
+        of the continuation, as ``worker`` counts them; from them the tokens streamed so far,
+        which set the continuation's ``max_tokens`` (``app.proxy.resume``)."""
+        for leg in keep.legs:
+            if leg.prompt_tokens is None:
+                leg.prompt_tokens = await self._client.prompt_tokens(worker, leg.body)
+        first = keep.legs[0].prompt_tokens if keep.legs else None
+        if first is not None and keep.body is not None and keep.asked:
+            sent = await self._client.prompt_tokens(worker, keep.body)
+            if sent is not None and sent >= first:
+                keep.budget(sent - first)
 
     def _has_other(self, job: Job, tried: set[str]) -> bool:
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))

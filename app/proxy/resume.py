@@ -15,7 +15,9 @@ writes it: ``<think>`` reasoning, then ``</think>`` and the answer once the answ
 reasoning parser reads the same text (``parser/reasoning_parser.py``: ``ReasoningParser`` built
 with the request passes it as ``previous_content``; an open ``<think>`` means the new text is
 reasoning, a ``</think>`` that it is the answer).
-``max_tokens`` is what the client asked less an estimate of the tokens already streamed.
+``max_tokens`` is what the client asked less the tokens already streamed: counted exactly when
+the continuation's worker counts both prompts (see below: ``Stream.budget``), else estimated (a
+token per 4 characters, at least one per chunk).
 
 The continuation's own stream passes through ``Resume`` on its way to the request's surviving
 observer (the same one the first attempt fed, so the client-facing surface needs no logic of its
@@ -196,7 +198,9 @@ class Stream:
     chunks: list[bytes] = field(default_factory=list)
     continuations: int = 0  # continuation attempts started
     legs: list[Leg] = field(default_factory=list)  # the attempts that broke, in order
-    body: bytes | None = None  # the running continuation's chat body
+    body: bytes | None = None  # the running continuation's chat body (no rid)...
+    next: dict[str, Any] | None = None  # ...as a document
+    asked: dict[str, Any] = field(default_factory=dict)  # the client's max_tokens fields
     last: tuple[int | None, int | None] | None = None  # the last attempt's (prompt, completion)
 
     def broke(self, worker: Worker, part: Partial, body: bytes) -> None:
@@ -205,6 +209,16 @@ class Stream:
         steps = part.steps - sum(leg.steps for leg in self.legs)
         estimate = part.tokens - sum(leg.estimate for leg in self.legs)
         self.legs.append(Leg(worker, max(0, steps), max(0, estimate), body))
+
+    def budget(self, streamed: int) -> None:
+        """The continuation's ``max_tokens``: what the client asked less the ``streamed``
+        tokens (counted by a worker; without a count, ``continuation_body`` estimated them)."""
+        if self.next is None:
+            return
+        for name, asked in self.asked.items():
+            if isinstance(asked, int) and not isinstance(asked, bool):
+                self.next[name] = max(1, asked - streamed)
+        self.body = orjson.dumps(self.next)
 
     def usage(self, prompt: int | None, completion: int | None) -> Usage | None:
         """The client's counts given the last attempt's ``prompt`` and ``completion`` tokens

@@ -339,3 +339,15 @@ def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> N
             assert grew["completion_tokens"] == sum(r["completion_tokens"] for r in own)
             assert (grew["spec_verify_steps"] > 0) == bool(own)
     assert continued == 2
+
+
+def test_a_continuation_ends_where_the_unbroken_stream_would_at_max_tokens(fresh: Stack) -> None:
+    """The continuation's max_tokens is what was asked less the tokens streamed, counted by the
+    worker (not estimated): a stream cut by max_tokens ends at the same token either way."""
+    want = reference(fresh, max_tokens=90)
+    break_two(fresh, after=20)
+    for _ in range(3):
+        chunks = chunks_of(events_of(post(fresh.gw, body(max_tokens=90)).text))
+        assert texts(chunks) == want
+        finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"]]
+        assert [f for f in finishes if f] == ["length"]
