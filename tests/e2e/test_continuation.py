@@ -164,7 +164,7 @@ def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
     prompt = [{"role": "user", "content": PROMPT}]
     with anthropic.Anthropic(base_url=fresh.gw.url, api_key=KEY, max_retries=0) as client:
 
-        def message() -> tuple[str, str, list[str]]:
+        def message() -> tuple[str, str, list[str], int]:
             with client.messages.stream(
                 model=MODEL,
                 max_tokens=4000,
@@ -176,7 +176,7 @@ def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
             thinking = "".join(b.thinking for b in final.content if b.type == "thinking")
             text = "".join(b.text for b in final.content if b.type == "text")
             assert final.stop_reason == "end_turn"
-            return thinking, text, kinds
+            return thinking, text, kinds, final.usage.output_tokens
 
         want = message()  # uninterrupted: every worker healthy
         break_two(fresh, after=12)
@@ -185,24 +185,25 @@ def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
             assert got[:2] == want[:2]
             assert got[2].count("message_start") == 1 and got[2].count("message_stop") == 1
             assert got[2] == want[2]  # the same events: nothing repeated or missing
+            assert got[3] == want[3]  # every token streamed, by either worker, counted once
 
     fresh.reset()
     with openai.OpenAI(base_url=fresh.gw.url + "/v1", api_key=KEY, max_retries=0) as oai:
 
-        def response() -> tuple[str, list[str]]:
+        def response() -> tuple[str, list[str], int]:
             with oai.responses.stream(
                 model=MODEL, input=PROMPT, max_output_tokens=4000, extra_body={"seed": 11}
             ) as rstream:
                 kinds = [e.type for e in rstream]
                 done = rstream.get_final_response()
-            assert done.status == "completed"
-            return done.output_text, kinds
+            assert done.status == "completed" and done.usage is not None
+            return done.output_text, kinds, done.usage.output_tokens
 
         rwant = response()
         break_two(fresh, after=12)
         for _ in range(3):
-            text, kinds = response()
-            assert text == rwant[0]
+            text, kinds, tokens = response()
+            assert text == rwant[0] and tokens == rwant[2]
             assert kinds.count("response.created") == 1
             assert kinds.count("response.completed") == 1
             assert kinds == rwant[1]
