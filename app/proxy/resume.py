@@ -46,9 +46,10 @@ What breaks a stream: the connection dropped or reset, the idle deadline, the en
 no status: held back by the observer, with the ``[DONE]`` after it, instead of relayed:
 ``Stream.keeping``); a 4xx in-band error is relayed as before.
 
-Not continued: streams that already carried tool-call deltas (SGLang 0.5.23 gives its tool-call
-parser nothing of a continued message: cut arguments would come back as text) or their finish
-chunk, parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that
+Not continued: streams that already carried tool-call deltas (SGLang 0.5.23's ``KimiK2Detector``
+is given nothing of a continued message: the rest of cut arguments would come back as plain
+``content`` with Kimi's tool-call tokens stripped, a further call from index 0 with a colliding
+id, the finish ``stop``; docs/routing.md says where in its source) or their finish chunk, parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that
 continue a final assistant message themselves, and whatever the settings
 (``retry.mid_stream_attempts`` = 0) or the key's policy (``continue_streams: false``) turn off.
 """
