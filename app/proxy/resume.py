@@ -49,8 +49,9 @@ no status: held back by the observer, with the ``[DONE]`` after it, instead of r
 Not continued: streams that already carried tool-call deltas (SGLang 0.5.23's ``KimiK2Detector``
 is given nothing of a continued message: the rest of cut arguments would come back as plain
 ``content`` with Kimi's tool-call tokens stripped, a further call from index 0 with a colliding
-id, the finish ``stop``; docs/routing.md says where in its source) or their finish chunk, parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that
-continue a final assistant message themselves, and whatever the settings
+id, the finish ``stop``; docs/routing.md says where in its source) or their finish chunk,
+parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that continue
+a final assistant message themselves, and whatever the settings
 (``retry.mid_stream_attempts`` = 0) or the key's policy (``continue_streams: false``) turn off.
 """
 
