@@ -376,11 +376,11 @@ class Proxy:
                 break
             worker = self._policy.pick(job.ctx, candidates)
             tried.add(worker.name)
-            if keep is not None and resume is not None:
-                await self._count(keep, worker)
             job.record.attempts = number
             job.record.worker = worker.name
             try:
+                if keep is not None and resume is not None:
+                    await self._count(keep, worker)
                 await self._attempt(
                     job, worker, down, sup, obs=obs, keep=keep, resume=resume, body=body
                 )
@@ -491,7 +491,7 @@ class Proxy:
                 leg.prompt_tokens = await self._client.prompt_tokens(worker, leg.body)
         first = keep.legs[0].prompt_tokens if keep.legs else None
         if first is not None and keep.body is not None and keep.asked:
-            sent = await self._client.prompt_tokens(worker, keep.body)
+            sent = keep.counted = await self._client.prompt_tokens(worker, keep.body)
             if sent is not None and sent >= first:
                 keep.budget(sent - first)
 

@@ -203,6 +203,7 @@ class Stream:
     body: bytes | None = None  # the running continuation's chat body (no rid)...
     next: dict[str, Any] | None = None  # ...as a document
     asked: dict[str, Any] = field(default_factory=dict)  # the client's max_tokens fields
+    counted: int | None = None  # the running continuation's prompt tokens, as a worker counted
     last: tuple[int | None, int | None] | None = None  # the last attempt's (prompt, completion)
 
     def broke(self, worker: Worker, part: Partial, body: bytes) -> None:
@@ -210,7 +211,9 @@ class Stream:
         (the whole answer so far)."""
         steps = part.steps - sum(leg.steps for leg in self.legs)
         estimate = part.tokens - sum(leg.estimate for leg in self.legs)
-        self.legs.append(Leg(worker, max(0, steps), max(0, estimate), body))
+        counted = self.counted if self.body is not None and body is self.body else None
+        self.legs.append(Leg(worker, max(0, steps), max(0, estimate), body, counted))
+        self.counted = None
 
     def budget(self, streamed: int) -> None:
         """The continuation's ``max_tokens``: what the client asked less the ``streamed``
