@@ -43,7 +43,7 @@ from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.resume import Resume, Stream, Usage, continuation_body
+from app.proxy.resume import ContinuedUsage, Resume, Stream, continuation_body
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
 from app.routing.policies import Policy, RoutingContext
@@ -79,7 +79,7 @@ class Job:
     queue_wait_s: float = 0.0  # time spent in the admission queue
     attempt: Attempt | None = None  # the last upstream attempt
     trace: RequestTrace | None = None  # its spans, when tracing is on
-    continued: Usage | None = None  # a continued stream's counts, attempt by attempt
+    continued: ContinuedUsage | None = None  # a continued stream's counts, attempt by attempt
 
     @property
     def committed(self) -> bool:
@@ -304,7 +304,9 @@ class Proxy:
                 completion_tokens=usage.completion_tokens if usage is not None else None,
             )
 
-    def _record_shares(self, job: Job, last: Worker, continued: Usage, steps: int | None) -> None:
+    def _record_shares(
+        self, job: Job, last: Worker, continued: ContinuedUsage, steps: int | None
+    ) -> None:
         """A continued stream's tokens and verify steps, each attempt's on its own worker
         (``app.proxy.resume``); ``steps``: the verify steps of the whole stream."""
         record, model = job.record, job.ctx.model

@@ -182,7 +182,7 @@ class Leg:
 
 
 @dataclass(slots=True)
-class Usage:
+class ContinuedUsage:
     """A continued stream's token counts: the client's (all attempts) and each attempt's own,
     worker by worker, as (worker, prompt, completion, verify steps)."""
 
@@ -225,7 +225,7 @@ class Stream:
                 self.next[name] = max(1, asked - streamed)
         self.body = orjson.dumps(self.next)
 
-    def usage(self, prompt: int | None, completion: int | None) -> Usage | None:
+    def usage(self, prompt: int | None, completion: int | None) -> ContinuedUsage | None:
         """The client's counts given the last attempt's ``prompt`` and ``completion`` tokens
         (see the module doc); None without legs or a completion count."""
         self.last = (prompt, completion)
@@ -241,7 +241,7 @@ class Stream:
                     (leg.worker, prompts[k], streamed[k], leg.steps or None)
                     for k, leg in enumerate(legs)
                 ]
-                return Usage(
+                return ContinuedUsage(
                     sum(prompts),
                     sum(streamed) + completion,
                     sum(prompts[1:]),
@@ -249,7 +249,7 @@ class Stream:
                     [*shares, (None, prompt, completion, None)],
                 )
         estimated = [(leg.worker, None, leg.estimate, leg.steps or None) for leg in legs]
-        return Usage(
+        return ContinuedUsage(
             prompt or 0,
             sum(leg.estimate for leg in legs) + completion,
             0,
@@ -324,7 +324,7 @@ class Resume:
         self._first_id = first_id
         self.rid = ""  # the continuation attempt's own, set when it starts
         self._stream = stream
-        self.usage: Usage | None = None  # the stream's counts, once the usage chunk passed
+        self.usage: ContinuedUsage | None = None  # the stream's counts, once the usage chunk passed
         self._carry = b""
         self._checked = False
         self._role_dropped = False
