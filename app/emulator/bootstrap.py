@@ -27,7 +27,8 @@ from typing import Any
 import orjson
 
 from app.emulator.asgi import TEXT, Receive, Scope, Send, query, read_body, respond, respond_json
-from app.emulator.disagg import ABORTED, PrefillSide
+from app.emulator.disagg import ABORTED
+from app.emulator.prefill_role import PrefillSide
 from app.emulator.rooms import KVPoll
 from app.emulator.worker import Worker
 

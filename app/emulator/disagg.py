@@ -28,21 +28,19 @@ with ``fake`` nothing is exchanged (``fake/conn.py``: handshake and transfer suc
 failed on both (D notifies P, P's room fails D's wait).
 
 The exchange between D and P that SGLang does over ZMQ (destination, status, abort notification)
-is emulated over HTTP on P's bootstrap port: ``app.emulator.bootstrap``.
+is emulated over HTTP on P's bootstrap port: ``app.emulator.bootstrap``. The roles:
+``app.emulator.prefill_role`` and ``app.emulator.decode_role`` (``app.emulator.roles`` picks one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
-
 from app.emulator.engine import ActiveRequest, Clock
-from app.emulator.rooms import KVPoll, Room, RoomBook, RoomTable
+from app.emulator.rooms import RoomBook
 
 if TYPE_CHECKING:
     from app.emulator.session import Session
@@ -98,10 +96,11 @@ class DisaggConfig:
 class TransferFailed(Exception):
     """The request is aborted with a status (SGLang's ``prepare_abort(req, message, status)``)."""
 
-    def __init__(self, message: str, status: int = 500) -> None:
+    def __init__(self, message: str, status: int = 500, stage: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.stage = stage  # bootstrap | transfer: SGLang's failure counter it counts in
         self.outcome = "failed"
 
 
@@ -116,7 +115,7 @@ def missing_room(rid: str) -> TransferFailed:
     return refused
 
 
-def _kv_error(room: int, reason: str) -> str:
+def kv_error(room: int, reason: str) -> str:
     return f"KVTransferError(bootstrap_room={room}): {reason}"
 
 
@@ -132,7 +131,7 @@ class RoomUse:
     reason: str | None = None
 
 
-async def _unless_aborted(active: ActiveRequest, work: Awaitable[T]) -> tuple[bool, T | None]:
+async def unless_aborted(active: ActiveRequest, work: Awaitable[T]) -> tuple[bool, T | None]:
     """Run ``work`` until it ends or the request is aborted: (aborted, result)."""
     task = asyncio.ensure_future(work)
     aborted = asyncio.ensure_future(active.wait_aborted())
@@ -147,7 +146,9 @@ async def _unless_aborted(active: ActiveRequest, work: Awaitable[T]) -> tuple[bo
     return False, task.result()
 
 
-class _Side:
+class RoleSide:
+    """What both roles share: the check of a request's fields, the room records, loads."""
+
     # The record's name for the other side of the room.
     peer_key = "peer"
 
@@ -200,295 +201,3 @@ class _Side:
 
     async def close(self) -> None:
         return None
-
-
-class PrefillSide(_Side):
-    """P: the room table its bootstrap server serves, and each request's wait and transfer."""
-
-    peer_key = "decode"
-
-    def __init__(self, config: DisaggConfig, clock: Clock) -> None:
-        super().__init__(config, clock)
-        self.table = RoomTable(clock, config.bootstrap_timeout_s)
-        self.bootstrap_queue = 0
-        self.inflight_queue = 0
-
-    def _failed(self, session: Session, room: int, reason: str, stage: str) -> TransferFailed:
-        return TransferFailed(
-            f"Prefill {stage} failed for request rank=0 req.rid={session.rid!r} "
-            f"req.bootstrap_room={room} with exception {_kv_error(room, reason)}"
-        )
-
-    async def bootstrap(self, session: Session) -> Room | None:
-        """Wait in the bootstrap queue until D sent its destination for the room; None when
-        there is nothing to wait for (fake transfer) or the request was aborted meanwhile."""
-        if not self.uses_transfer(session):
-            return None
-        room_id = session.req.bootstrap_room
-        assert room_id is not None
-        room = self.table.get(room_id)
-        if room.concluded or (room.rid is not None and room.rid != session.rid):
-            reason = room.failure_reason or "Duplicate prefill bootstrap room"
-            raise self._failed(session, room_id, reason, "bootstrap")
-        room.rid = session.rid
-        started = self.clock.monotonic()
-        self.bootstrap_queue += 1
-        try:
-            while room.status == KVPoll.Bootstrapping:
-                elapsed = self.clock.monotonic() - started
-                remaining = self.config.bootstrap_timeout_s - elapsed
-                if remaining <= 0:
-                    reason = (
-                        f"Request {room_id} timed out after {elapsed:.1f}s in KVPoll.Bootstrapping"
-                    )
-                    self.table.conclude(room, KVPoll.Failed, reason)
-                    failure = self._failed(session, room_id, reason, "bootstrap")
-                    failure.outcome = "bootstrap_timeout"
-                    raise failure
-                aborted, _ = await _unless_aborted(session.active, room.changed(remaining))
-                if aborted:
-                    self.table.conclude(room, KVPoll.Failed, ABORTED)
-                    return None
-        finally:
-            self.bootstrap_queue -= 1
-        if room.status == KVPoll.Failed:
-            reason = room.failure_reason or ABORTED
-            raise self._failed(session, room_id, reason, "bootstrap")
-        session.room_use.peer = room.decode
-        return room
-
-    def prefilling(self, active: bool) -> None:
-        self.inflight_queue += 1 if active else -1
-
-    def transfer(self, session: Session, room: Room | None) -> None:
-        """The prefill ran: the KV goes to D (instantly) and the room turns ``Success``."""
-        use = session.room_use
-        if room is None:
-            if not session.active.aborted:
-                use.transferred = self.clock.time()
-            return
-        if session.active.aborted:
-            self.table.conclude(room, KVPoll.Failed, ABORTED)
-            return
-        if room.status == KVPoll.Failed:
-            reason = room.failure_reason or ABORTED
-            raise self._failed(session, room.room, reason, "transfer")
-        room.set(KVPoll.Transferring)
-        room.transferred = use.transferred = self.clock.time()
-        self.table.conclude(room, KVPoll.Success)
-
-    def abandon(self, session: Session, room: Room | None) -> None:
-        """The request ended before its transfer (aborted, refused): D must not wait on."""
-        if room is not None and not room.concluded:
-            self.table.conclude(room, KVPoll.Failed, ABORTED)
-
-    def _done_outcome(self, use: RoomUse) -> str:
-        return "transferred" if use.transferred is not None else "failed"
-
-    def loads(self) -> dict[str, Any]:
-        return {
-            "mode": "prefill",
-            "prefill_bootstrap_queue_reqs": self.bootstrap_queue,
-            "prefill_inflight_queue_reqs": self.inflight_queue,
-            "decode_prealloc_queue_reqs": 0,
-            "decode_transfer_queue_reqs": 0,
-            "decode_retracted_queue_reqs": 0,
-            "kv_transfer_speed_gb_s": 0.0,
-            "kv_transfer_latency_ms": 0.0,
-        }
-
-    def pending(self) -> list[dict[str, Any]]:
-        return self.table.pending()
-
-
-class DecodeSide(_Side):
-    """D: the handshake with P's bootstrap server and the wait for the room's transfer."""
-
-    peer_key = "prefill"
-
-    def __init__(self, config: DisaggConfig, clock: Clock, own_address: str) -> None:
-        super().__init__(config, clock)
-        self.own_address = own_address
-        self._client: httpx.AsyncClient | None = None
-        self._known: set[str] = set()  # bootstrap addresses whose parallel info is fetched
-        self._waiting: dict[int, dict[str, Any]] = {}
-        self.prealloc_queue = 0
-        self.transfer_queue = 0
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            timeout = httpx.Timeout(POLL_WAIT_S + 5.0, connect=2.0)
-            self._client = httpx.AsyncClient(timeout=timeout, trust_env=False)
-        return self._client
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    def _failed(self, session: Session, reason: str, stage: str) -> TransferFailed:
-        room = session.req.bootstrap_room
-        return TransferFailed(
-            f"Decode {stage} failed for request rank=0 decode_req.req.rid={session.rid!r} "
-            f"decode_req.req.bootstrap_room={room} with exception {_kv_error(room or 0, reason)}"
-        )
-
-    async def receive(self, session: Session) -> bool:
-        """Handshake, destination, wait for ``Success``; False if the request was aborted.
-        Raises ``TransferFailed`` as SGLang's decode scheduler aborts the request."""
-        use = session.room_use
-        if not self.uses_transfer(session):
-            use.transferred = self.clock.time()
-            return True
-        req = session.req
-        room = req.bootstrap_room
-        assert room is not None
-        addr = f"{req.bootstrap_host}:{req.bootstrap_port or DEFAULT_BOOTSTRAP_PORT}"
-        use.peer = addr
-        view = {"room": room, "rid": session.rid, "prefill": addr, "status": "Bootstrapping"}
-        self._waiting[id(session)] = view
-        try:
-            self.prealloc_queue += 1
-            try:
-                known = await self._handshake(session, addr)
-            finally:
-                self.prealloc_queue -= 1
-            if session.active.aborted:
-                return False
-            if not known:
-                raise self._failed(session, ABORTED, "handshake")
-            view["status"] = "WaitingForInput"
-            self.transfer_queue += 1
-            try:
-                return await self._wait_transfer(session, addr, room)
-            finally:
-                self.transfer_queue -= 1
-        finally:
-            del self._waiting[id(session)]
-
-    async def _handshake(self, session: Session, addr: str) -> bool:
-        """``try_ensure_parallel_info`` then the rank's bootstrap info, once per address."""
-        if addr in self._known:
-            return True
-        for attempt in range(ENSURE_RETRIES):
-            if attempt:
-                aborted, _ = await _unless_aborted(
-                    session.active, asyncio.sleep(ENSURE_RETRY_INTERVAL_S)
-                )
-                if aborted:
-                    return False
-            aborted, ok = await _unless_aborted(session.active, self._fetch_info(addr))
-            if aborted:
-                return False
-            if ok:
-                self._known.add(addr)
-                return True
-        return False
-
-    async def _fetch_info(self, addr: str) -> bool:
-        ranks = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
-        try:
-            for value in (-1, 0):
-                params = dict.fromkeys(ranks, value)
-                response = await self.client.get(f"http://{addr}/route", params=params)
-                if response.status_code != 200:
-                    return False
-        except httpx.HTTPError:
-            return False
-        return True
-
-    async def _wait_transfer(self, session: Session, addr: str, room: int) -> bool:
-        url = f"http://{addr}/kv/{room}"
-        started = self.clock.monotonic()
-        sent = False
-        failures = 0
-        while True:
-            elapsed = self.clock.monotonic() - started
-            remaining = self.config.waiting_timeout_s - elapsed
-            if remaining <= 0:
-                reason = f"Request {room} timed out after {elapsed:.1f}s in KVPoll.WaitingForInput"
-                await self._notify_abort(addr, room, session.rid)
-                failure = self._failed(session, reason, "transfer")
-                failure.outcome = "timeout"
-                raise failure
-            if sent:
-                wait = min(remaining, POLL_WAIT_S)
-                work = self.client.get(url, params={"wait": f"{wait:.3f}", "rid": session.rid})
-            else:
-                body = {"decode": self.own_address, "rid": session.rid}
-                work = self.client.post(url, json=body)
-            try:
-                aborted, response = await _unless_aborted(session.active, work)
-            except httpx.HTTPError:
-                failures += 1
-                if failures >= self.config.heartbeat_max_failure:
-                    reason = f"Lost connection with prefill instance (bootstrap_addr: {addr})"
-                    self._known.discard(addr)
-                    raise self._failed(session, reason, "transfer") from None
-                aborted, _ = await _unless_aborted(
-                    session.active, asyncio.sleep(self.config.heartbeat_interval_s)
-                )
-                response = None
-            if aborted:
-                await self._notify_abort(addr, room, session.rid)
-                return False
-            if response is None:
-                continue
-            failures = 0
-            sent = True
-            state = _status(response)
-            if state["status"] == "Success":
-                session.room_use.transferred = self.clock.time()
-                self.last_transfer_ms = (self.clock.monotonic() - started) * 1000
-                return True
-            if state["status"] == "Failed":
-                reason = str(state.get("failure_reason") or ABORTED)
-                raise self._failed(session, reason, "transfer")
-
-    async def _notify_abort(self, addr: str, room: int, rid: str) -> None:
-        """Tell P to drop the room (SGLang's ``_send_abort_notification``); best effort."""
-        with contextlib.suppress(httpx.HTTPError):
-            await self.client.post(f"http://{addr}/kv/{room}/abort", json={"rid": rid})
-
-    def _done_outcome(self, use: RoomUse) -> str:
-        return "served" if use.transferred is not None else "failed"
-
-    def loads(self) -> dict[str, Any]:
-        return {
-            "mode": "decode",
-            "prefill_bootstrap_queue_reqs": 0,
-            "prefill_inflight_queue_reqs": 0,
-            "decode_prealloc_queue_reqs": self.prealloc_queue,
-            "decode_transfer_queue_reqs": self.transfer_queue,
-            "decode_retracted_queue_reqs": 0,
-            "kv_transfer_speed_gb_s": 0.0,
-            "kv_transfer_latency_ms": self.last_transfer_ms,
-        }
-
-    def pending(self) -> list[dict[str, Any]]:
-        return [dict(view) for view in self._waiting.values()]
-
-
-def _status(response: httpx.Response) -> dict[str, Any]:
-    """P's answer about a room; anything else than its JSON is a failed transfer."""
-    if response.status_code == 200:
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and isinstance(body.get("status"), str):
-            return body
-    reason = f"Bootstrap server answered {response.status_code}: {response.text[:200]}"
-    return {"status": "Failed", "failure_reason": reason}
-
-
-Side = PrefillSide | DecodeSide
-
-
-def make_side(config: DisaggConfig, clock: Clock, own_address: str) -> Side | None:
-    if config.mode == "prefill":
-        return PrefillSide(config, clock)
-    if config.mode == "decode":
-        return DecodeSide(config, clock, own_address)
-    return None

@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from app.emulator.disagg import DecodeSide, PrefillSide, RoomUse
+from app.emulator.decode_role import DecodeSide
+from app.emulator.disagg import RoomUse
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation, Step
+from app.emulator.prefill_role import PrefillSide
 from app.emulator.profiles import PROFILE_NAMES, classify
 from app.emulator.requests import GenRequest
 from app.emulator.worker import Worker
@@ -74,7 +76,7 @@ class Session:
             model = worker.models.collapsed(collapse)
         self.gen = Generation(req, self.profile, model, request_rng(req, worker.rng))
         self._step_factor = worker.step_factors.get(self.profile, 1.0)
-        self.prompt_tokens = req.prompt_tokens
+        self.prompt_tokens = req.prompt_tokens + self.gen.prefix_tokens
         self.cached_tokens = 0
         self.first_token: float | None = None
         self.prefill_s = 0.0

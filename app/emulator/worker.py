@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.emulator.cache import PrefixCache
-from app.emulator.disagg import DisaggConfig, Side, make_side
+from app.emulator.disagg import DisaggConfig
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
+from app.emulator.roles import Side, make_side
 from app.emulator.stats import StatsBook
 from app.emulator.vllm import VLLMMetrics
 
@@ -119,7 +120,9 @@ class Worker:
         self.gate = Gate()
         self.stats = StatsBook(config.stats_file)
         self.metrics: EmulatorMetrics | VLLMMetrics = (
-            VLLMMetrics(config.model) if config.vllm else EmulatorMetrics(config.model)
+            VLLMMetrics(config.model)
+            if config.vllm
+            else EmulatorMetrics(config.model, config.disagg.mode)
         )
         self.started_mono = self.clock.monotonic()
         self.started = self.clock.time()
@@ -159,3 +162,5 @@ class Worker:
             max_total_tokens=MAX_TOTAL_NUM_TOKENS,
             cache_hit_rate=self.cache.hit_rate,
         )
+        if self.disagg is not None and isinstance(self.metrics, EmulatorMetrics):
+            self.metrics.refresh_disagg(self.disagg.loads())

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.emulator.support import CHAT, events, record, stats, wait_for
 from tests.support.procs import (
@@ -114,6 +115,15 @@ def _room_record(client: httpx.Client, room: int) -> dict[str, Any]:
     return found
 
 
+def _metric(client: httpx.Client, name: str) -> tuple[float, dict[str, str]]:
+    """A single-series metric of the worker's ``/metrics``: (value, labels)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value, sample.labels
+    raise AssertionError(f"{name} not in /metrics")
+
+
 def _pending(client: httpx.Client, pick: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     found: dict[str, Any] = wait_for(
         lambda: next((r for r in _rooms_of(client)["pending"] if pick(r)), None),
@@ -205,6 +215,7 @@ def test_decode_waits_for_the_prefill_side(pair: Pair) -> None:
     assert on_p["rid"] is None
     assert on_p["decode"] == f"127.0.0.1:{pair.decode.port}"
     assert not from_d.done()
+    assert _metric(pair.d, "sglang:num_decode_transfer_queue_reqs")[0] == 1
     assert "pd-wait" in stats(pair.d)["active"]
     assert not stats(pair.d, rid="pd-wait")["requests"]
 
@@ -235,6 +246,7 @@ def test_decode_times_out_when_prefill_never_gets_the_request(pair: Pair) -> Non
         "code": 500,
     }
     assert _room_record(pair.d, room)["outcome"] == "timeout"
+    assert _metric(pair.d, "sglang:num_transfer_failed_reqs_total")[0] >= 1
     # D dropped the room on P too: a late prefill request for it fails at once.
     assert _rooms_of(pair.p)["pending"] == []
     late = pair.p.post(CHAT_PATH, json=body)
@@ -329,6 +341,9 @@ def test_roles_in_server_info_model_info_and_loads(pair: Pair) -> None:
         assert load["disaggregation"]["mode"] == mode
         plain = client.get("/v1/loads", params={"include": "core"}).json()["loads"][0]
         assert "disaggregation" not in plain
+        # SGLang labels a PD server's series with its role (``to_engine_type``).
+        _, labels = _metric(client, "sglang:num_running_reqs")
+        assert labels["engine_type"] == mode
     assert pair.p.get("/server_info").json()["disaggregation_bootstrap_port"] == pair.bootstrap_port
 
 
@@ -425,3 +440,36 @@ def test_decode_fails_when_its_prefill_server_dies(procs: ProcessManager) -> Non
         )
         assert _room_record(d, 99)["outcome"] == "failed"
         assert _rooms_of(d)["pending"] == [] and stats(d)["active"] == []
+
+
+def test_prefill_gives_up_when_no_decode_side_comes(procs: ProcessManager) -> None:
+    """P waits for D's destination at most the bootstrap timeout, then fails like SGLang. (Late
+    arrivals on a failed room fail at once: the timeout and abort tests above.)"""
+    boot = free_port()
+    prefill = procs.start(
+        [
+            *EMULATE,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            str(boot),
+            "--disaggregation-bootstrap-timeout",
+            "1",
+        ],
+        name="prefill",
+    )
+    body = {**CHAT, "rid": "alone", "bootstrap_host": "127.0.0.1", "bootstrap_port": boot}
+    with httpx.Client(base_url=prefill.url, timeout=30) as p:
+        answer = p.post(CHAT_PATH, json={**body, "bootstrap_room": 5})
+        assert answer.status_code == 500
+        assert answer.json()["message"] == (
+            "Prefill bootstrap failed for request rank=0 req.rid='alone' req.bootstrap_room=5 "
+            "with exception KVTransferError(bootstrap_room=5): Request 5 timed out after 1.0s "
+            "in KVPoll.Bootstrapping"
+        )
+        assert _room_record(p, 5)["outcome"] == "bootstrap_timeout"
+        assert _metric(p, "sglang:num_bootstrap_failed_reqs_total")[0] == 1
+        assert _rooms_of(p)["pending"] == []
+        streamed = p.post(CHAT_PATH, json={**body, "bootstrap_room": 6, "stream": True})
+        assert streamed.status_code == 200 and "KVPoll.Bootstrapping" in streamed.text
+        assert streamed.text.endswith("data: [DONE]\n\n")
