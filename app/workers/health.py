@@ -52,6 +52,7 @@ class HealthChecker:
         self._clock = clock
         self._streaks: dict[str, _Streak] = {}
         self._kicked = asyncio.Event()
+        self._misroled: set[str] = set()  # PD workers running another role (logged once)
 
     def kick(self) -> None:
         """Check again now (membership changed), not at the next interval."""
@@ -135,6 +136,7 @@ class HealthChecker:
             and streak.successes >= self._config.success_threshold
             and await self._discover(worker)
             and (engine := await self._settle_engine(worker)) is not None
+            and await self._runs_its_role(worker)
         ):
             await self.poll_load(worker)  # its capacity, before it takes a request
             log.info(
@@ -146,6 +148,32 @@ class HealthChecker:
             )
             worker.state = WorkerState.HEALTHY
             worker.accept.reset()  # a restarted (perhaps rolled-back) worker is judged afresh
+
+    async def _runs_its_role(self, worker: Worker) -> bool:
+        """A prefill or decode worker is admitted only when it runs that role (SGLang's
+        ``/server_info`` ``disaggregation_mode``): a decode server listed as a prefill one would
+        fail every pair. Whole workers are not asked."""
+        if worker.role == "whole":
+            return True
+        try:
+            status, data = await self._client.get(worker, "/server_info", self._config.timeout_s)
+        except UpstreamError:
+            return False
+        mode = data.get("disaggregation_mode") if isinstance(data, dict) else None
+        if status == 200 and mode == worker.role:
+            self._misroled.discard(worker.name)
+            return True
+        if worker.name not in self._misroled:
+            self._misroled.add(worker.name)
+            log.error(
+                "worker %s is listed as a %s worker but its /server_info says "
+                "disaggregation_mode %r (HTTP %d): not admitted",
+                worker.name,
+                worker.role,
+                mode,
+                status,
+            )
+        return False
 
     async def _probe(self, worker: Worker) -> bool:
         return await self._engine(worker).healthy(self._client, worker, self._config.timeout_s)

@@ -34,6 +34,9 @@ class FakePrefill(FakeWorker):
 
     bootstrap_port: int | None = None
     texts: tuple[str, ...] = ("PREFILL",)
+    server_info: dict[str, Any] | None = field(
+        default_factory=lambda: {"disaggregation_mode": "prefill"}
+    )
 
     def rooms(self) -> set[int]:
         return {r["bootstrap_room"] for r in self.requests}
@@ -45,6 +48,9 @@ class FakeDecode(FakeWorker):
     the request's room (here: received it); until then it waits, counted in ``waiting``."""
 
     prefills: list[FakePrefill] = field(default_factory=list)
+    server_info: dict[str, Any] | None = field(
+        default_factory=lambda: {"disaggregation_mode": "decode"}
+    )
     waits: bool = True  # False: answers at once (its own failures are the test's subject)
     waiting: int = 0
 
@@ -97,8 +103,8 @@ async def test_a_whole_answer_is_ds_and_ps_is_dropped() -> None:
 
 
 async def test_a_prefill_worker_without_a_port_gets_the_default_bootstrap_port() -> None:
-    p, d = FakePrefill(), FakeDecode()
-    d.prefills = [p]
+    p = FakePrefill()
+    d = FakeDecode(prefills=[p])
     async with GatewayHarness([], prefill=[p], decode=[d], pd={"bootstrap_port": 8998}) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
     assert ex.status == 200
@@ -318,3 +324,17 @@ async def test_a_request_the_prefill_worker_refuses_is_refused_not_retried() -> 
     assert ex.status == 400
     assert ex.json()["error"]["message"] == "The request queue is full."  # the worker's own
     assert len(d.requests) == 1 and sum(len(p.requests) for p in ps) == 1
+
+
+async def test_a_worker_running_another_role_is_not_admitted() -> None:
+    (p,), (d,) = pd_pair()
+    wrong = FakeDecode(prefills=[p])  # listed as a decode worker, runs as a prefill one
+    wrong.server_info = {"disaggregation_mode": "prefill"}
+    settings = {"health": {"interval_s": 0.05}}
+    async with GatewayHarness([], prefill=[p], decode=[d, wrong], **settings) as gw:
+        await wait_for(lambda: wrong.server_info_served >= 3)  # asked, and asked again
+        assert gw.gateway.pool.get(wrong.name).state is not WorkerState.HEALTHY
+        assert gw.gateway.pool.get(d.name).state is WorkerState.HEALTHY
+        for _ in range(4):
+            assert (await gw.post(CHAT, chat(stream=True))).status == 200
+    assert not wrong.requests and len(d.requests) == 4

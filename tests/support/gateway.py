@@ -102,6 +102,8 @@ class FakeWorker:
     texts: tuple[str, ...] = ("Hel", "lo", "!")
     loads: Any = None  # GET /v1/loads: this document (bytes as they are), else one idle rank
     loads_served: int = 0  # GET /v1/loads answered
+    server_info: dict[str, Any] | None = None  # GET /server_info: this document, else 404
+    server_info_served: int = 0  # GET /server_info answered
     prompt_count: int | None = None  # POST /v1/tokenize: this count (None: 404, not served)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -177,6 +179,9 @@ class FakeWorker:
             card = {"id": MODEL, "object": "model", "owned_by": "sglang", "max_model_len": 262144}
             doc = {"object": "list", "data": [card]}
             await _answer(writer, 200 if self.models else 404, doc if self.models else b"")
+        elif path == "/server_info" and self.server_info is not None:
+            await _answer(writer, 200, self.server_info)
+            self.server_info_served += 1
         elif path == "/v1/loads":
             rank = {"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}
             await _answer(writer, 200, {"loads": [rank]} if self.loads is None else self.loads)
@@ -514,7 +519,14 @@ class GatewayHarness:
         await server.startup(sockets=[self._sock])
         self.url = f"http://{HOST}:{self._sock.getsockname()[1]}"
         self.client = Client(HOST, self._sock.getsockname()[1])
-        expected = sum(1 for w in self.workers if w.healthy and w.models)
+        listed = {id(w): "prefill" for w in self.prefill} | {id(w): "decode" for w in self.decode}
+
+        def admissible(w: FakeWorker) -> bool:
+            """Healthy, serving, and (PD) running the role it is listed for."""
+            mode = (w.server_info or {}).get("disaggregation_mode", listed.get(id(w)))
+            return w.healthy and w.models and mode == listed.get(id(w), mode)
+
+        expected = sum(1 for w in self.workers if admissible(w))
         pool = self.gateway.pool
         await wait_for(lambda: len(pool.available(MODEL)) >= expected)
 
