@@ -12,9 +12,9 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from app.api.deps import GatewayDep
-from app.api.schema import error_responses
 from app.api.security import ClientKey
 from app.errors import NotFound
+from app.openai.schema import error_responses
 
 router = APIRouter()
 

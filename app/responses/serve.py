@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from app.api.schema import completion_responses
+from app.door.entry import Entry, Operation, bearer
 from app.errors import GatewayError, InvalidRequest
 from app.gateway import Gateway
-from app.proxy.ingress import Entry, Operation, bearer
+from app.openai.schema import completion_responses
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
 from app.responses.request import load, translate
