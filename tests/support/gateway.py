@@ -445,11 +445,17 @@ class GatewayHarness:
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
         span_exporter: Any = None,
+        door_checks: Any = None,
         **settings: Any,
     ) -> None:
         self.workers = list(workers)
         self._settings = settings
-        self._factory: dict[str, Any] = {"clock": clock, "rng": rng, "span_exporter": span_exporter}
+        self._factory: dict[str, Any] = {
+            "clock": clock,
+            "rng": rng,
+            "span_exporter": span_exporter,
+            "door_checks": door_checks,  # the door's list of checks (app.door.entrance.checks)
+        }
         self.lanes_offered = 0  # requests the server offered the direct lane
         self.lane_writes = 0  # stream chunks the relay wrote through it
         self.server: uvicorn.Server | None = None
