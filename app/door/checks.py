@@ -28,7 +28,6 @@ from app.errors import (
     UnsupportedMediaType,
 )
 from app.gateway import Gateway
-from app.proxy.downstream import Receive
 from app.proxy.headers import client_headers
 from app.proxy.request import ParsedRequest
 from app.tenants.headers import Budget
@@ -110,25 +109,32 @@ class KeyLimits:
     requests, as OpenAI counts refused requests. The key's rate-limit headers, in the entry's
     style, go on every answer from here on, refusals included. The lease gives the slot back
     once the response ended, then counts the answer's tokens for the key and charges them to
-    its quotas. Only in the list when keys are configured."""
+    its quotas. Only in the list when keys are configured; it awaits nothing (no coroutine)
+    when the key has neither limits nor quotas."""
 
     def __init__(self, gw: Gateway) -> None:
         self._metrics = gw.metrics
         self._quota = gw.quota
         self._limiter = gw.limiter
 
-    async def check(self, visit: Visit) -> None:
+    def check(self, visit: Visit) -> Awaitable[None] | None:
         key = visit.key
         if key is None:
-            return
+            return None
         self._metrics.record_key_request(key)
+        visit.hold(self)
+        if self._quota is None and self._limiter is None:
+            visit.limit_headers += visit.entry.limit_headers(None, None)
+            return None
+        return self._admit(visit, key)
+
+    async def _admit(self, visit: Visit, key: str) -> None:
         assert visit.tenant is not None
         quota = self._quota
         state = await quota.check(key, visit.tenant.policy) if quota is not None else None
         tokens = state.tokens if state is not None else None
         requests: Budget | None = None
         style = visit.entry.limit_headers
-        visit.hold(self)
         try:
             if self._limiter is not None:
                 slot = self._limiter.hold(key)
@@ -144,7 +150,23 @@ class KeyLimits:
             raise
         visit.limit_headers += style(requests, tokens)
 
-    async def release(self, visit: Visit) -> None:
+    def release(self, visit: Visit) -> Awaitable[None] | None:
+        key, job = visit.key, visit.job
+        if key is not None and job is not None:
+            record = job.record
+            if record.prompt_tokens or record.completion_tokens:
+                self._metrics.record_key_tokens(
+                    key,
+                    prompt=record.prompt_tokens or 0,
+                    completion=record.completion_tokens or 0,
+                    reasoning=record.reasoning_tokens or 0,
+                )
+        if visit.slot is None and (self._quota is None or job is None):
+            return None
+        return self._give_back(visit)
+
+    async def _give_back(self, visit: Visit) -> None:
+        """The limiter slot, then the answer's tokens charged to the key's quotas."""
         slot, key, job = visit.slot, visit.key, visit.job
         if slot is not None:
             visit.slot = None
@@ -152,17 +174,8 @@ class KeyLimits:
                 await slot.__aexit__(None, None, None)
             except Exception:  # a limiter that fails to release must not fail the request
                 log.exception("releasing a per-key limit failed")
-        if key is None or job is None:
-            return
-        record = job.record
-        if record.prompt_tokens or record.completion_tokens:
-            self._metrics.record_key_tokens(
-                key,
-                prompt=record.prompt_tokens or 0,
-                completion=record.completion_tokens or 0,
-                reasoning=record.reasoning_tokens or 0,
-            )
-        if self._quota is not None:
+        if self._quota is not None and key is not None and job is not None:
+            record = job.record
             spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
             await self._quota.charge(key, job.tenant.policy, spent or unreported_tokens(job))
 
@@ -176,14 +189,14 @@ class MediaType:
 
 
 class Body:
-    """The body, refused (413) as soon as it is known to exceed ``limits.max_body_bytes``."""
+    """The body, refused (413) as soon as it is known to exceed ``limits.max_body_bytes``
+    (``read_body``)."""
 
     def __init__(self, gw: Gateway) -> None:
         self._limit = gw.settings.limits.max_body_bytes
 
-    async def check(self, visit: Visit) -> None:
-        declared = visit.read.get(b"content-length")
-        visit.raw = await read_body(visit.receive, declared, self._limit)
+    def check(self, visit: Visit) -> Awaitable[None]:
+        return read_body(visit, visit.read.get(b"content-length"), self._limit)
 
 
 class Parse:
@@ -259,11 +272,12 @@ def check_media_type(content_type: bytes | None, encoding: bytes | None) -> None
         )
 
 
-async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes
-    (``declared``: its Content-Length, if any)."""
+async def read_body(visit: Visit, declared: bytes | None, limit: int) -> None:
+    """The request body into ``visit.raw``, refusing (413) as soon as it is known to exceed
+    ``limit`` bytes (``declared``: its Content-Length, if any)."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    receive = visit.receive
     parts: list[bytes] = []
     size = 0
     while True:
@@ -280,4 +294,5 @@ async def read_body(receive: Receive, declared: bytes | None, limit: int) -> byt
                 raise PayloadTooLarge(f"request body is larger than {limit} bytes")
             parts.append(part)
         if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            visit.raw = parts[0] if len(parts) == 1 else b"".join(parts)
+            return
