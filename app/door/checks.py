@@ -23,15 +23,12 @@ from app.errors import (
     InvalidRequest,
     ModelNotFound,
     PayloadTooLarge,
-    RateLimited,
     ServiceUnavailable,
     UnsupportedMediaType,
 )
 from app.gateway import Gateway
 from app.proxy.headers import client_headers
 from app.proxy.request import ParsedRequest
-from app.tenants.headers import Budget
-from app.tenants.quota import unreported_tokens
 from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
@@ -100,84 +97,6 @@ class Tenancy:
 
     def check(self, visit: Visit) -> None:
         visit.tenant = self._tenants.resolve(visit.key, visit.read.get(_PRIORITY))
-
-
-class KeyLimits:
-    """The key's usage: the request counted for it, its token quotas checked
-    (``app.tenants.quota``) and its limiter slot taken (``app.limits``): 429 + Retry-After when
-    over a quota or a limit; a request refused by its quota still spends one of its key's
-    requests, as OpenAI counts refused requests. The key's rate-limit headers, in the entry's
-    style, go on every answer from here on, refusals included. The lease gives the slot back
-    once the response ended, then counts the answer's tokens for the key and charges them to
-    its quotas. Only in the list when keys are configured; it awaits nothing (no coroutine)
-    when the key has neither limits nor quotas."""
-
-    def __init__(self, gw: Gateway) -> None:
-        self._metrics = gw.metrics
-        self._quota = gw.quota
-        self._limiter = gw.limiter
-
-    def check(self, visit: Visit) -> Awaitable[None] | None:
-        key = visit.key
-        if key is None:
-            return None
-        self._metrics.record_key_request(key)
-        visit.hold(self)
-        if self._quota is None and self._limiter is None:
-            visit.limit_headers += visit.entry.limit_headers(None, None)
-            return None
-        return self._admit(visit, key)
-
-    async def _admit(self, visit: Visit, key: str) -> None:
-        assert visit.tenant is not None
-        quota = self._quota
-        state = await quota.check(key, visit.tenant.policy) if quota is not None else None
-        tokens = state.tokens if state is not None else None
-        requests: Budget | None = None
-        style = visit.entry.limit_headers
-        try:
-            if self._limiter is not None:
-                slot = self._limiter.hold(key)
-                requests = await slot.__aenter__()
-                visit.slot = slot
-            refusal = state.refusal if state is not None else None
-            if refusal is not None:
-                self._metrics.record_quota_rejection(key, refusal.quota)
-                raise RateLimited(refusal.message, retry_after=refusal.retry_after)
-        except RateLimited as refused:
-            budget = requests if refused.budget is None else refused.budget
-            visit.limit_headers += style(budget, tokens)
-            raise
-        visit.limit_headers += style(requests, tokens)
-
-    def release(self, visit: Visit) -> Awaitable[None] | None:
-        key, job = visit.key, visit.job
-        if key is not None and job is not None:
-            record = job.record
-            if record.prompt_tokens or record.completion_tokens:
-                self._metrics.record_key_tokens(
-                    key,
-                    prompt=record.prompt_tokens or 0,
-                    completion=record.completion_tokens or 0,
-                    reasoning=record.reasoning_tokens or 0,
-                )
-        if visit.slot is None and (self._quota is None or job is None):
-            return None
-        return self._give_back(visit)
-
-    async def _give_back(self, visit: Visit) -> None:
-        """The limiter slot, then the answer's tokens charged to the key's quotas."""
-        slot, key, job = visit.slot, visit.key, visit.job
-        if slot is not None:
-            visit.slot = None
-            try:
-                await slot.__aexit__(None, None, None)
-            except Exception:  # a limiter that fails to release must not fail the request
-                log.exception("releasing a per-key limit failed")
-        if self._quota is not None and key is not None and job is not None:
-            record = job.record
-            spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
-            await self._quota.charge(key, job.tenant.policy, spent or unreported_tokens(job))
 
 
 class MediaType:

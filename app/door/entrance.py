@@ -24,6 +24,7 @@ from typing import Any
 from app.accesslog import AccessRecord
 from app.door import checks as door
 from app.door.entry import Entry
+from app.door.limits import KeyLimits
 from app.door.reject import refuse
 from app.door.request_id import outer_send, request_id_of
 from app.door.visit import Check, Visit
@@ -51,7 +52,7 @@ def checks(gw: Gateway) -> list[Check]:
         door.Headers(gw),
         *([door.Key(gw)] if keyed else []),
         door.Tenancy(gw),
-        *([door.KeyLimits(gw)] if keyed else []),
+        *([KeyLimits(gw)] if keyed else []),
         door.MediaType(),
         door.Body(gw),
         door.Parse(gw),
