@@ -20,12 +20,12 @@ from app.accesslog import AccessLog
 from app.api import openai, ops, responses
 from app.api import surfaces as api_surfaces
 from app.api.access import AccessMiddleware
+from app.api.errors import install_handlers
 from app.api.request_id import RequestIdMiddleware
 from app.api.schema import openapi_document
 from app.auth import KeyStore
 from app.background import DEFAULT_BACKOFF, Backoff, supervise
 from app.config import Settings
-from app.errors import install_handlers
 from app.gateway import Gateway
 from app.limits import make_limiter
 from app.metrics import Metrics

@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from app import errors
+from app.api.errors import error_response, install_handlers
 
 
 def _shape_ok(body: dict[str, object]) -> dict[str, object]:
@@ -44,7 +45,7 @@ def _shape_ok(body: dict[str, object]) -> dict[str, object]:
 def test_error_body_and_sse_event(
     exc: errors.GatewayError, status: int, type_: str, code: str | None
 ) -> None:
-    response = exc.to_response()
+    response = error_response(exc)
     assert response.status_code == status
     err = _shape_ok(orjson.loads(response.body))
     assert (err["type"], err["code"]) == (type_, code)
@@ -135,7 +136,7 @@ class _Body(BaseModel):
 
 def _app() -> FastAPI:
     app = FastAPI()
-    errors.install_handlers(app)
+    install_handlers(app)
 
     @app.post("/v1/echo")
     async def echo(body: _Body) -> dict[str, str]:

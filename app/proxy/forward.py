@@ -38,12 +38,13 @@ from app.errors import (
 )
 from app.metrics import Metrics
 from app.outcomes import Outcome
-from app.proxy.attempt import Attempt, Ended
+from app.proxy.attempt import Attempt
 from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
 from app.proxy.resume import Resume, Stream, continuation_body
+from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
 from app.routing.policies import Policy, RoutingContext

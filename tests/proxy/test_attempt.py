@@ -20,9 +20,9 @@ from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
 from app.metrics import Metrics
 from app.outcomes import Outcome
-from app.proxy.attempt import Ended, Scope
 from app.proxy.forward import Job, Proxy
 from app.proxy.request import Route, parse_request
+from app.proxy.scope import Ended, Scope
 from app.routing.policies import RoutingContext
 from app.tenants.config import TenantsConfig
 from app.tenants.tenant import Tenants
