@@ -144,7 +144,7 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
-    # What the key's request rate had left when it was refused (``app.tenants.headers.Budget``,
+    # What the key's request rate had left when it was refused (``app.limits.Budget``,
     # for its rate-limit headers); None when the key has no request rate limit.
     budget: Any = None
 

@@ -17,7 +17,7 @@ from app.tenants.tenant import Tenants
 from app.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
-    from app.responses.store import ResponseStore
+    from app.response_store import ResponseStore
     from app.tracing.otel import Tracing
 
 

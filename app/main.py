@@ -33,7 +33,7 @@ from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
 from app.proxy.ingress import serve_entry
-from app.responses.store import make_store
+from app.response_store import make_store
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS

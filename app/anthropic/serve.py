@@ -26,8 +26,8 @@ from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
+from app.media_policy import image_policy
 from app.proxy.ingress import Entry
-from app.proxy.media import image_policy
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER

@@ -23,9 +23,10 @@ from fastapi import Depends, Request
 from app.auth import bearer_token
 from app.errors import AuthenticationFailed, RateLimited
 from app.gateway import Gateway
+from app.limits import Budget
 from app.proxy.headers import single
 from app.tenants.config import TenantPolicy
-from app.tenants.headers import Budget, HeaderStyle
+from app.tenants.headers import HeaderStyle
 
 log = logging.getLogger(__name__)
 

@@ -57,10 +57,10 @@ from app.proxy.forward import Job
 from app.proxy.headers import client_headers
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
+from app.proxy.unreported import unreported_tokens
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 from app.tenants.headers import HeaderStyle, openai_headers
-from app.tenants.quota import unreported_tokens
 from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
