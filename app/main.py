@@ -42,6 +42,8 @@ from app.tenants.tenant import Tenants
 from app.tenants.usage import UsageLog
 from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
+from app.workers.acceptance import CollapseDetector
+from app.workers.admission import Admission
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
@@ -108,6 +110,12 @@ def create_app(
     )
     if usage is not None:  # the billable requests' records, also as usage lines
         access.sink = usage.sink(ROUTES, lambda: keys.open)
+    admission = Admission(
+        settings.admission,
+        processes=settings.processes,
+        clock=clock,
+        deweight_collapsed=settings.routing.deweight_collapsed,
+    )
     proxy = Proxy(
         settings=settings,
         pool=pool,
@@ -119,6 +127,8 @@ def create_app(
         access_log=access,
         clock=clock,
         rng=rng,
+        admission=admission,
+        acceptance=CollapseDetector(settings.routing, lambda: pool.workers),
     )
     health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
@@ -134,6 +144,7 @@ def create_app(
         settings=settings,
         pool=pool,
         proxy=proxy,
+        admission=admission,
         metrics=metrics,
         tenants=Tenants(settings.tenants),
         keys=keys,
@@ -175,8 +186,8 @@ def create_app(
                     "metrics",
                     lambda: metrics.keep_fresh(
                         lambda: pool.workers,
-                        lambda: proxy.admission.depth,
-                        saturation=lambda: proxy.admission.saturation(pool.workers),
+                        lambda: admission.depth,
+                        saturation=lambda: admission.saturation(pool.workers),
                     ),
                 )
             )

@@ -107,7 +107,12 @@ class Proxy:
         access_log: AccessLog,
         clock: Clock,
         rng: random.Random,
+        admission: Admission,
+        acceptance: CollapseDetector,
     ) -> None:
+        """``admission``: the per-worker caps and the queue before them; ``acceptance``: the
+        collapse detector each answered request's acceptance length feeds (both built by
+        ``create_app``, which also hands ``admission`` to the ops endpoints)."""
         self._settings = settings
         self._pool = pool
         self._policy = policy
@@ -119,13 +124,8 @@ class Proxy:
         self._background: set[asyncio.Task[Any]] = set()
         # SGLang's ``priority`` field on every upstream body (the workers schedule by it).
         self._send_priority = settings.workers.priority_scheduling
-        self.admission = Admission(
-            settings.admission,
-            processes=settings.processes,
-            clock=clock,
-            deweight_collapsed=settings.routing.deweight_collapsed,
-        )
-        self.acceptance = CollapseDetector(settings.routing, lambda: pool.workers)
+        self.admission = admission
+        self.acceptance = acceptance
 
     async def aclose(self) -> None:
         """Let pending aborts finish (briefly) at shutdown."""

@@ -27,6 +27,8 @@ from app.routing.policies import RoutingContext
 from app.tenants.config import TenantsConfig
 from app.tenants.tenant import Tenants
 from app.upstream.client import UpstreamClient
+from app.workers.acceptance import CollapseDetector
+from app.workers.admission import Admission
 from app.workers.breaker import CircuitBreaker
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker, WorkerState
@@ -204,6 +206,8 @@ class Rig:
             access_log=AccessLog(),
             clock=self.clock,
             rng=random.Random(7),
+            admission=Admission(self.settings.admission, clock=self.clock),
+            acceptance=CollapseDetector(self.settings.routing, lambda: self.pool.workers),
         )
 
     def job(self) -> Job:
