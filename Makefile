@@ -54,7 +54,7 @@ docs-config: $(STAMP) ## regenerate docs/configuration.md from the settings mode
 	$(BIN)/python -m app.config_doc
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .grimp_cache .import_linter_cache build dist *.egg-info site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-seed: $(STAMP) ## the seed card's table against the embedded default (emulators at --speed 20)
