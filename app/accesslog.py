@@ -41,6 +41,9 @@ class AccessRecord:
     outcome: Outcome = Outcome.OK
     attempts: int = 0
     continuations: int = 0  # attempts that continued a broken stream (app.proxy.resume)
+    # Of prompt_tokens: the continuations' prompts (the conversation plus the answer so far).
+    continuation_prompt_tokens: int = 0
+    tokens_estimated: bool = False  # a continued stream's streamed tokens were estimated
     ttft_ms: float | None = None
     queue_ms: float | None = None  # time spent in the admission queue (None: never queued)
     duration_ms: float | None = None

@@ -11,6 +11,10 @@ JSON access log and the emulators' stats files (ground truth that survives SIGKI
 - every request ended with a complete stream + ``[DONE]`` or an in-band error event + ``[DONE]``
   (with one worker killed at a time, streams broken by a kill go on on another worker:
   ``continued``, and no in-band error is expected);
+- every complete stream is exactly the stream a worker produces for its request uninterrupted:
+  the same reasoning and answer text, in the same number of text chunks, with the same
+  ``finish_reason`` (the requests are seeded, drawn from a few bodies whose streams are fetched
+  from a worker before the chaos: ``references``); a continued stream repeats or loses nothing;
   none hung past ``--request-timeout`` and none failed outright (HTTP error / truncated stream);
 - none failed before its commit point (no relayed event yet): those must have been retried;
 - no client request (X-Request-Id) was generated to completion twice, and every complete stream
@@ -61,7 +65,7 @@ class ChaosConfig:
     down_s: float = 1.0
     warmup_s: float = 4.0
     speed: float = 2.0
-    max_tokens: tuple[int, int] = (32, 192)
+    max_tokens: tuple[int, ...] = (32, 80, 136, 192)
     request_timeout_s: float = 60.0
     settle_s: float = 30.0  # how long to wait for in-flight requests to drain afterwards
     rss_slack_kib: int = 32 * 1024
@@ -73,6 +77,8 @@ class Outcome:
     request_id: str
     kind: str  # ok | inband_error | failed
     events: int = 0  # data events before [DONE] (the error event included)
+    body: tuple[str, int] = ("", 0)  # (prompt, max_tokens): which reference it must match
+    stream: Stream | None = None  # what an ok stream carried
     status: int = 0
     detail: str = ""
 
@@ -86,6 +92,8 @@ class ChaosReport:
     retried: int = 0
     retried_ok: int = 0
     continued: int = 0  # requests whose stream went on on another worker (access log)
+    compared: int = 0  # complete streams compared with the worker's own stream
+    text_mismatches: list[str] = field(default_factory=list)  # ...that differ from it
     kills: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     failed_ids: list[str] = field(default_factory=list)
@@ -106,6 +114,8 @@ class ChaosReport:
         out = []
         if self.failed:
             out.append(f"{self.failed} requests failed outright: {self.failures}")
+        if self.text_mismatches:
+            out.append(f"streams unlike the worker's own: {self.text_mismatches[:5]}")
         if self.precommit_failures:
             out.append(f"failed before the commit point: {self.precommit_failures[:5]}")
         if self.generated_twice:
@@ -180,6 +190,58 @@ async def _drained(client: httpx.AsyncClient, gw: ManagedProcess, timeout: float
         await asyncio.sleep(0.1)
 
 
+# -- what a worker produces ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A chat stream as its client reads it: the text, the chunks that carried text, the end."""
+
+    reasoning: str
+    content: str
+    chunks: int
+    finish: str | None
+
+    @classmethod
+    def of(cls, payloads: list[dict[str, Any]]) -> Stream:
+        reasoning, content, chunks, finish = [], [], 0, None
+        for p in payloads:
+            for choice in p.get("choices") or ():
+                delta = choice.get("delta") or {}
+                r, c = delta.get("reasoning_content") or "", delta.get("content") or ""
+                reasoning.append(r)
+                content.append(c)
+                chunks += bool(r or c)
+                finish = choice.get("finish_reason") or finish
+        return cls("".join(reasoning), "".join(content), chunks, finish)
+
+
+def request_body(config: ChaosConfig, prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "seed": config.seed,  # the same stream on every worker
+        "messages": [{"role": "user", "content": prompt}],
+    }
+
+
+async def references(config: ChaosConfig, worker: ManagedProcess) -> dict[tuple[str, int], Stream]:
+    """The stream ``worker`` produces for each request body the clients send, uninterrupted."""
+    async with httpx.AsyncClient(timeout=config.request_timeout_s, trust_env=False) as client:
+
+        async def one(prompt: str, max_tokens: int) -> Stream:
+            body = request_body(config, prompt, max_tokens)
+            r = await client.post(worker.url + "/v1/chat/completions", json=body)
+            r.raise_for_status()
+            events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+            return Stream.of([orjson.loads(e) for e in events if e != "[DONE]"])
+
+        keys = [(p, m) for p in PROMPTS for m in config.max_tokens]
+        streams = await asyncio.gather(*(one(p, m) for p, m in keys))
+    return dict(zip(keys, streams, strict=True))
+
+
 # -- clients -------------------------------------------------------------------------------------
 
 
@@ -227,6 +289,7 @@ def classify(out: Outcome, events: list[bytes]) -> Outcome:
         out.detail = "[DONE] without a finish_reason"
         return out
     out.kind = "ok"
+    out.stream = Stream.of(payloads)
     return out
 
 
@@ -243,17 +306,15 @@ async def client_loop(
     while time.monotonic() < deadline:
         n += 1
         request_id = f"{prefix}-{n}"
-        body = {
-            "model": MODEL,
-            "stream": True,
-            "max_tokens": rng.randint(*config.max_tokens),
-            "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
-        }
+        key = (rng.choice(PROMPTS), rng.choice(config.max_tokens))
+        body = request_body(config, *key)
         try:
             async with asyncio.timeout(config.request_timeout_s):
-                results.append(await one_request(client, gw, request_id, body))
+                out = await one_request(client, gw, request_id, body)
         except TimeoutError:
-            results.append(Outcome(request_id, "failed", detail="hung (client timeout)"))
+            out = Outcome(request_id, "failed", detail="hung (client timeout)")
+        out.body = key
+        results.append(out)
 
 
 async def killer(
@@ -345,7 +406,11 @@ def completed_generations(stats_dir: Path) -> Counter[str]:
 
 
 def check(
-    report: ChaosReport, results: list[Outcome], attempts: dict[str, int], done: Counter[str]
+    report: ChaosReport,
+    results: list[Outcome],
+    attempts: dict[str, int],
+    done: Counter[str],
+    want: dict[tuple[str, int], Stream] | None = None,
 ) -> None:
     report.requests = len(results)
     kinds = Counter(r.kind for r in results)
@@ -368,6 +433,10 @@ def check(
             report.precommit_failures.append(r.request_id)
         if r.kind == "ok" and done[r.request_id] == 0:
             report.ok_without_record.append(r.request_id)
+        if r.kind == "ok" and want is not None and r.body in want:
+            report.compared += 1
+            if r.stream != want[r.body]:
+                report.text_mismatches.append(r.request_id)
     report.generated_twice = sorted(rid for rid, n in done.items() if n > 1)
 
 
@@ -380,6 +449,7 @@ async def run_chaos(procs: ProcessManager, config: ChaosConfig, workdir: Path) -
     gw, emus = start_stack(procs, config, stats_dir)
     report = ChaosReport(rss_slack_kib=config.rss_slack_kib)
     report.pool_size = config.concurrency + config.workers
+    want = await references(config, emus[0])
     async with httpx.AsyncClient(timeout=10, trust_env=False) as control:
         await load(gw, config, config.warmup_s, "warmup-")
         await _drained(control, gw, config.settle_s)
@@ -394,7 +464,7 @@ async def run_chaos(procs: ProcessManager, config: ChaosConfig, workdir: Path) -
     while not wanted <= attempts.keys() and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
         attempts = access_attempts(gw.log_path)
-    check(report, results, attempts, completed_generations(stats_dir))
+    check(report, results, attempts, completed_generations(stats_dir), want)
     report.continued = access_continued(gw.log_path)
     return report
 

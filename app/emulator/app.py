@@ -30,6 +30,8 @@ def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
         "/v1/chat/completions": {"POST": generate_chat},
         "/v1/completions": {"POST": generate_text},
         "/v1/messages/count_tokens": {"POST": counting.count_tokens},
+        "/v1/tokenize": {"POST": counting.tokenize},
+        "/tokenize": {"POST": counting.tokenize},
         "/v1/models": {"GET": ops.models},
         "/health": {"GET": ops.health},
         "/health_generate": {"GET": ops.health},

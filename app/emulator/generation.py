@@ -39,7 +39,11 @@ gateway resuming a stream on another worker): the request's text is drawn as for
 conversation without that message, and the steps that produce the given reasoning and answer are
 replayed unseen, so a seeded or greedy request resumes exactly where the same request would
 have gone on (a step the prefix ends inside is sent from there on). Only the new steps count as
-completion tokens; the prefix counts as prompt.
+completion tokens; the prefix counts as prompt: SGLang encodes the prefix on its own and appends
+its tokens to the conversation's (``_append_assistant_prefix_to_prompt_ids``), and the emulator's
+tokenizer encodes the model's own output to the tokens that made it (``prefix_tokens``: the
+replayed tokens, less the one the rest of a cut step still counts), so a stream continued after
+a break costs, over its two attempts, the completion tokens the unbroken one would have.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class Generation:
         self.matched_stop: int | str | None = None
         self.tool_called: Tool | None = None
         self._pending: Step | None = None  # the rest of a step the prefix ended inside
+        self.prefix_tokens = 0  # the continued prefix's tokens (counted as prompt)
         if req.continued:
             self._replay(req.prefix_reasoning, req.prefix_content)
 
@@ -133,6 +138,7 @@ class Generation:
             if self.finish_reason is not None:
                 break
         self._limit, self._stops = limit, stops
+        self.prefix_tokens = self.completion_tokens - (self._pending is not None)
         self.completion_tokens = self.reasoning_tokens = 0
         self.step_tokens = []
         if self._pending is not None:

@@ -100,8 +100,9 @@ class GenRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        chars = len(self.prompt) + len(self.prefix_reasoning) + len(self.prefix_content)
-        return max(1, -(-chars // CHARS_PER_TOKEN))
+        """The rendered conversation's tokens; a continued prefix's are added by its
+        ``Generation`` (``prefix_tokens``)."""
+        return max(1, -(-len(self.prompt) // CHARS_PER_TOKEN))
 
     @property
     def continued(self) -> bool:

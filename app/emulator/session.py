@@ -67,7 +67,7 @@ class Session:
             model = worker.models.collapsed(collapse)
         self.gen = Generation(req, self.profile, model, request_rng(req, worker.rng))
         self._step_factor = worker.step_factors.get(self.profile, 1.0)
-        self.prompt_tokens = req.prompt_tokens
+        self.prompt_tokens = req.prompt_tokens + self.gen.prefix_tokens
         self.cached_tokens = 0
         self.first_token: float | None = None
         self.prefill_s = 0.0

@@ -43,7 +43,7 @@ from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.resume import Resume, Stream, continuation_body
+from app.proxy.resume import ContinuedUsage, Resume, Stream, continuation_body
 from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
@@ -80,6 +80,7 @@ class Job:
     queue_wait_s: float = 0.0  # time spent in the admission queue
     attempt: Attempt | None = None  # the last upstream attempt
     trace: RequestTrace | None = None  # its spans, when tracing is on
+    continued: ContinuedUsage | None = None  # a continued stream's counts, attempt by attempt
 
     @property
     def committed(self) -> bool:
@@ -268,7 +269,9 @@ class Proxy:
         attempt = job.attempt
         tally = attempt.tally if attempt is not None else None
         usage = tally.usage if tally is not None else None
-        if attempt is not None and usage is not None:
+        if attempt is not None and usage is not None and job.continued is not None:
+            self._record_shares(job, attempt.worker, job.continued, usage.verify_steps)
+        elif attempt is not None and usage is not None:
             steps = usage.verify_steps
             source: str | None = "exact" if usage.exact else "estimated"
             if record.continuations:
@@ -301,6 +304,35 @@ class Proxy:
                 chunk_times=tally.chunk_times,
                 completion_tokens=usage.completion_tokens if usage is not None else None,
             )
+
+    def _record_shares(
+        self, job: Job, last: Worker, continued: ContinuedUsage, steps: int | None
+    ) -> None:
+        """A continued stream's tokens and verify steps, each attempt's on its own worker
+        (``app.proxy.resume``); ``steps``: the verify steps of the whole stream."""
+        record, model = job.record, job.ctx.model
+        record.continuation_prompt_tokens = continued.continuation_prompt_tokens
+        record.tokens_estimated = not continued.exact
+        total = 0
+        for worker, prompt, completion, own in continued.shares:
+            if worker is None:  # the last attempt: the stream's steps less the others'
+                own = steps - total if steps is not None and steps > total else None
+                worker = last
+            metrics_steps = own if own and completion else None
+            self._metrics.record_tokens(
+                model,
+                worker.name,
+                prompt=prompt,
+                completion=completion,
+                reasoning=None,
+                verify_steps=metrics_steps,
+                source="estimated" if metrics_steps else None,
+            )
+            if metrics_steps:
+                total += metrics_steps
+                self.acceptance.observe(worker, completion / metrics_steps)
+        if total:
+            record.accept_length = round(continued.completion_tokens / total, 3)
 
     async def _forward(
         self, job: Job, down: Downstream, sup: Supervisor
@@ -350,11 +382,14 @@ class Proxy:
             job.record.attempts = number
             job.record.worker = worker.name
             try:
+                if keep is not None and resume is not None:
+                    await self._count(keep, worker)
                 await self._attempt(
                     job, worker, down, sup, obs=obs, keep=keep, resume=resume, body=body
                 )
                 if resume is not None:
                     self._metrics.record_continuation("ok")
+                    job.continued = resume.usage
                 return None
             except UpstreamError as exc:
                 if resume is not None:
@@ -420,10 +455,18 @@ class Proxy:
         part = keep.partial()
         if not part.continuable or part.id is None:
             return "not_continuable", None, None
-        continued = continuation_body(orjson.loads(job.request.upstream_body("0" * 32)), part)
-        if continued is None:
+        first = orjson.loads(job.request.upstream_body("0" * 32))
+        continued = continuation_body(first, part)
+        if continued is None or job.attempt is None:
             return "not_continuable", None, None
-        head = orjson.dumps(continued)[:-1] + b","
+        sent = keep.body
+        if sent is None:
+            first.pop("rid", None)
+            sent = orjson.dumps(first)
+        keep.broke(job.attempt.worker, part, sent)
+        keep.asked = {k: first[k] for k in ("max_tokens", "max_completion_tokens") if k in first}
+        keep.next = continued
+        keep.body = orjson.dumps(continued)
         keep.continuations += 1
         job.record.continuations = keep.continuations
         log.info(
@@ -434,12 +477,26 @@ class Proxy:
         )
 
         def body(rid: str, priority: int | None) -> tuple[bytes, ...]:
+            head = (keep.body or b"{}")[:-1] + b","  # its budget set by ``_count``
             tail = b'"rid":"' + rid.encode("ascii") + b'"}'
             if priority is None:
                 return (head, tail)
             return (head, b'"priority":%d,' % priority, tail)
 
-        return "", Resume(part.id, part.tokens), body
+        return "", Resume(part.id, keep), body
+
+    async def _count(self, keep: Stream, worker: Worker) -> None:
+        """Before a continuation on ``worker``: the prompt tokens of the attempts that broke and
+        of the continuation, as ``worker`` counts them; from them the tokens streamed so far,
+        which set the continuation's ``max_tokens`` (``app.proxy.resume``)."""
+        for leg in keep.legs:
+            if leg.prompt_tokens is None:
+                leg.prompt_tokens = await self._client.prompt_tokens(worker, leg.body)
+        first = keep.legs[0].prompt_tokens if keep.legs else None
+        if first is not None and keep.body is not None and keep.asked:
+            sent = keep.counted = await self._client.prompt_tokens(worker, keep.body)
+            if sent is not None and sent >= first:
+                keep.budget(sent - first)
 
     def _has_other(self, job: Job, tried: set[str]) -> bool:
         return any(w.name not in tried for w in self._pool.available(job.ctx.model))

@@ -15,24 +15,43 @@ writes it: ``<think>`` reasoning, then ``</think>`` and the answer once the answ
 reasoning parser reads the same text (``parser/reasoning_parser.py``: ``ReasoningParser`` built
 with the request passes it as ``previous_content``; an open ``<think>`` means the new text is
 reasoning, a ``</think>`` that it is the answer).
-``max_tokens`` is what the client asked less an estimate of the tokens already streamed.
+``max_tokens`` is what the client asked less the tokens already streamed: counted exactly when
+the continuation's worker counts both prompts (see below: ``Stream.budget``), else estimated (a
+token per 4 characters, at least one per chunk).
 
 The continuation's own stream passes through ``Resume`` on its way to the request's surviving
 observer (the same one the first attempt fed, so the client-facing surface needs no logic of its
 own): its first event must answer the continuation's rid (a stray answer is refused as on any
 attempt), its role chunk is dropped (the client had one), every event gets the first attempt's
-``id``, and its usage chunk counts the tokens streamed before (estimated) as completion tokens.
-Only a continued stream pays for this (one orjson parse and dump per event).
+``id``, and its usage chunk covers every attempt (``Stream.usage``). Only a continued stream pays
+for this (one orjson parse and dump per event).
+
+Token counts across attempts (``Leg``): before a continuation starts, the worker it goes to counts
+the prompt of the attempt that broke (SGLang's ``POST /v1/tokenize`` with that attempt's chat
+fields: the conversation as rendered for it, a continued prefix included). SGLang encodes a
+continued prefix on its own and appends its tokens to the conversation's
+(``_append_assistant_prefix_to_prompt_ids``), so each attempt's prompt is the one before plus
+the tokens of the answer streamed since, as the worker's tokenizer reads them back: with
+``P_1 .. P_n`` the attempts' prompt tokens (``P_n`` and ``C_n`` from the last one's usage), the
+client is told, and its key charged, ``prompt_tokens = P_1 + ... + P_n`` (every prefill the
+workers ran, the continuations' included: the usage log's ``continuation_prompt_tokens`` says how
+many of them) and ``completion_tokens = (P_n - P_1) + C_n`` (attempt k streamed
+``P_(k+1) - P_k``). Each attempt's share, with the verify steps it relayed, is credited to its
+own worker's token and acceptance metrics. When a count is missing (no worker answered the
+tokenize call), the streamed tokens are estimated (a token per 4 characters) and the
+continuations' prompts left out, as the usage log's ``tokens_estimated`` says.
 
 What breaks a stream: the connection dropped or reset, the idle deadline, the end without
 ``[DONE]``, and after the commit point a worker's in-band error event of the worker's fault (5xx or
 no status: held back by the observer, with the ``[DONE]`` after it, instead of relayed:
 ``Stream.keeping``); a 4xx in-band error is relayed as before.
 
-Not continued: streams that already carried tool-call deltas (SGLang 0.5.23 gives its tool-call
-parser nothing of a continued message: cut arguments would come back as text) or their finish
-chunk, parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that
-continue a final assistant message themselves, and whatever the settings
+Not continued: streams that already carried tool-call deltas (SGLang 0.5.23's ``KimiK2Detector``
+is given nothing of a continued message: the rest of cut arguments would come back as plain
+``content`` with Kimi's tool-call tokens stripped, a further call from index 0 with a colliding
+id, the finish ``stop``; docs/routing.md says where in its source) or their finish chunk,
+parallel samples (``n`` > 1), text completions (their prompt is no chat), requests that continue
+a final assistant message themselves, and whatever the settings
 (``retry.mid_stream_attempts`` = 0) or the key's policy (``continue_streams: false``) turn off.
 """
 
@@ -46,10 +65,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from app.errors import UpstreamBadResponse
-from app.upstream.sse import answers, foreign, leading_error
+from app.upstream.sse import answers, foreign, leading_error, parse_usage
 
 if TYPE_CHECKING:
     from app.proxy.surface import Observer
+    from app.workers.worker import Worker
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data:[ \t]*\{"error"')
@@ -149,11 +169,93 @@ def read_partial(data: bytes) -> Partial:
 
 
 @dataclass(slots=True)
+class Leg:
+    """An attempt of a continued stream that broke: its worker, the verify steps it relayed
+    (data events that carried text), what it streamed (estimated tokens), its chat body and that
+    body's prompt tokens as a worker counts them (None: not counted)."""
+
+    worker: Worker
+    steps: int
+    estimate: int
+    body: bytes
+    prompt_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ContinuedUsage:
+    """A continued stream's token counts: the client's (all attempts) and each attempt's own,
+    worker by worker, as (worker, prompt, completion, verify steps)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    continuation_prompt_tokens: int  # of prompt_tokens: the continuations' prompts
+    exact: bool
+    shares: list[tuple[Worker | None, int | None, int, int | None]]
+
+
+@dataclass(slots=True)
 class Stream:
     """One continuable stream across its attempts: the relayed upstream reads, by reference."""
 
     chunks: list[bytes] = field(default_factory=list)
     continuations: int = 0  # continuation attempts started
+    legs: list[Leg] = field(default_factory=list)  # the attempts that broke, in order
+    body: bytes | None = None  # the running continuation's chat body (no rid)...
+    next: dict[str, Any] | None = None  # ...as a document
+    asked: dict[str, Any] = field(default_factory=dict)  # the client's max_tokens fields
+    counted: int | None = None  # the running continuation's prompt tokens, as a worker counted
+    last: tuple[int | None, int | None] | None = None  # the last attempt's (prompt, completion)
+
+    def broke(self, worker: Worker, part: Partial, body: bytes) -> None:
+        """The running attempt on ``worker``, sent ``body``, broke after relaying ``part``
+        (the whole answer so far)."""
+        steps = part.steps - sum(leg.steps for leg in self.legs)
+        estimate = part.tokens - sum(leg.estimate for leg in self.legs)
+        counted = self.counted if self.body is not None and body is self.body else None
+        self.legs.append(Leg(worker, max(0, steps), max(0, estimate), body, counted))
+        self.counted = None
+
+    def budget(self, streamed: int) -> None:
+        """The continuation's ``max_tokens``: what the client asked less the ``streamed``
+        tokens (counted by a worker; without a count, ``continuation_body`` estimated them)."""
+        if self.next is None:
+            return
+        for name, asked in self.asked.items():
+            if isinstance(asked, int) and not isinstance(asked, bool):
+                self.next[name] = max(1, asked - streamed)
+        self.body = orjson.dumps(self.next)
+
+    def usage(self, prompt: int | None, completion: int | None) -> ContinuedUsage | None:
+        """The client's counts given the last attempt's ``prompt`` and ``completion`` tokens
+        (see the module doc); None without legs or a completion count."""
+        self.last = (prompt, completion)
+        legs = self.legs
+        if not legs or completion is None:
+            return None
+        counts = [leg.prompt_tokens for leg in legs]
+        if prompt is not None and None not in counts:
+            prompts = [c for c in counts if c is not None] + [prompt]
+            streamed = [max(0, prompts[k + 1] - prompts[k]) for k in range(len(legs))]
+            if sum(streamed) == prompt - prompts[0]:  # each attempt's prompt grew
+                shares: list[tuple[Worker | None, int | None, int, int | None]] = [
+                    (leg.worker, prompts[k], streamed[k], leg.steps or None)
+                    for k, leg in enumerate(legs)
+                ]
+                return ContinuedUsage(
+                    sum(prompts),
+                    sum(streamed) + completion,
+                    sum(prompts[1:]),
+                    True,
+                    [*shares, (None, prompt, completion, None)],
+                )
+        estimated = [(leg.worker, None, leg.estimate, leg.steps or None) for leg in legs]
+        return ContinuedUsage(
+            prompt or 0,
+            sum(leg.estimate for leg in legs) + completion,
+            0,
+            False,
+            [*estimated, (None, prompt, completion, None)],
+        )
 
     def keeping(self, feed: Callable[[bytes], bytes], obs: Observer) -> Callable[[bytes], bytes]:
         """``feed`` that first keeps a reference to each read it is given, with the observer
@@ -216,12 +318,13 @@ class Resume:
     """Turns a continuation's stream into the rest of the client's (see the module doc). Holds
     an unfinished event until its end arrives, like the observers do."""
 
-    __slots__ = ("_carry", "_checked", "_first_id", "_role_dropped", "_tokens", "rid")
+    __slots__ = ("_carry", "_checked", "_first_id", "_role_dropped", "_stream", "rid", "usage")
 
-    def __init__(self, first_id: str, streamed_tokens: int) -> None:
+    def __init__(self, first_id: str, stream: Stream) -> None:
         self._first_id = first_id
         self.rid = ""  # the continuation attempt's own, set when it starts
-        self._tokens = streamed_tokens
+        self._stream = stream
+        self.usage: ContinuedUsage | None = None  # the stream's counts, once the usage chunk passed
         self._carry = b""
         self._checked = False
         self._role_dropped = False
@@ -283,8 +386,14 @@ class Resume:
                     return b""
                 delta.pop("role", None)
         usage = doc.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            usage["completion_tokens"] += self._tokens
-            if isinstance(usage.get("prompt_tokens"), int):
-                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if isinstance(usage, dict) and "completion_tokens" in usage:
+            counts = parse_usage(doc)
+            whole = None
+            if counts is not None:
+                whole = self._stream.usage(counts.prompt_tokens, counts.completion_tokens)
+            if whole is not None:
+                self.usage = whole
+                usage["prompt_tokens"] = whole.prompt_tokens
+                usage["completion_tokens"] = whole.completion_tokens
+                usage["total_tokens"] = whole.prompt_tokens + whole.completion_tokens
         return b"data: " + orjson.dumps(doc) + b"\n\n"

@@ -8,7 +8,13 @@ rotate billable lines away). Refused requests carry zero tokens. Fields, in this
 
     time (RFC 3339 UTC, when the answer ended), request_id, key, priority, model, worker, route,
     stream, status, outcome, prompt_tokens, completion_tokens, reasoning_tokens, accept_length,
-    ttft_ms, duration_ms, attempts
+    ttft_ms, duration_ms, attempts, continuations, continuation_prompt_tokens,
+    tokens_estimated
+
+A continued stream (``app.proxy.resume``) counts every attempt: its ``prompt_tokens`` include the
+continuations' prompts (the conversation plus the answer streamed so far, read again by the next
+worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every token streamed;
+``tokens_estimated`` is true when the tokens streamed before a break had to be estimated.
 
 ``UsageLog.write`` is a deque append: it never blocks, and the request does no formatting and
 no I/O. One background thread turns the queued records into lines and writes them in batches,
@@ -81,6 +87,8 @@ def usage_line(ended: str, r: AccessRecord) -> bytes:
         "duration_ms": r.duration_ms,
         "attempts": r.attempts,
         "continuations": r.continuations,
+        "continuation_prompt_tokens": r.continuation_prompt_tokens,
+        "tokens_estimated": r.tokens_estimated,
     }
     return orjson.dumps(doc) + b"\n"
 

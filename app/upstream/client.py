@@ -32,6 +32,7 @@ from app.upstream.errors import (
     TransportError,
 )
 from app.upstream.http1 import Http1Client, Http1Response
+from app.upstream.sse import reported_count
 
 
 class Worker(Protocol):
@@ -144,6 +145,16 @@ class UpstreamClient:
         except UpstreamError:
             return False
         return 200 <= status < 300
+
+    async def prompt_tokens(self, worker: Worker, body: bytes) -> int | None:
+        """The prompt tokens of the chat request ``body`` as ``worker`` counts them
+        (SGLang's ``POST /v1/tokenize`` with its fields: ``count``); None when it cannot say."""
+        try:
+            status, content = await self._call(worker, "POST", "/v1/tokenize", body, self._abort_s)
+            count = orjson.loads(content).get("count") if 200 <= status < 300 else None
+        except (UpstreamError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return reported_count(count)
 
     async def get(self, worker: Worker, path: str, timeout: float) -> tuple[int, Any]:  # noqa: ASYNC109
         """GET a small JSON (or empty) document; (status, parsed body or None)."""

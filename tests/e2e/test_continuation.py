@@ -164,7 +164,7 @@ def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
     prompt = [{"role": "user", "content": PROMPT}]
     with anthropic.Anthropic(base_url=fresh.gw.url, api_key=KEY, max_retries=0) as client:
 
-        def message() -> tuple[str, str, list[str]]:
+        def message() -> tuple[str, str, list[str], int]:
             with client.messages.stream(
                 model=MODEL,
                 max_tokens=4000,
@@ -176,7 +176,7 @@ def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
             thinking = "".join(b.thinking for b in final.content if b.type == "thinking")
             text = "".join(b.text for b in final.content if b.type == "text")
             assert final.stop_reason == "end_turn"
-            return thinking, text, kinds
+            return thinking, text, kinds, final.usage.output_tokens
 
         want = message()  # uninterrupted: every worker healthy
         break_two(fresh, after=12)
@@ -185,24 +185,25 @@ def test_anthropic_and_responses_clients_see_one_stream(fresh: Stack) -> None:
             assert got[:2] == want[:2]
             assert got[2].count("message_start") == 1 and got[2].count("message_stop") == 1
             assert got[2] == want[2]  # the same events: nothing repeated or missing
+            assert got[3] == want[3]  # every token streamed, by either worker, counted once
 
     fresh.reset()
     with openai.OpenAI(base_url=fresh.gw.url + "/v1", api_key=KEY, max_retries=0) as oai:
 
-        def response() -> tuple[str, list[str]]:
+        def response() -> tuple[str, list[str], int]:
             with oai.responses.stream(
                 model=MODEL, input=PROMPT, max_output_tokens=4000, extra_body={"seed": 11}
             ) as rstream:
                 kinds = [e.type for e in rstream]
                 done = rstream.get_final_response()
-            assert done.status == "completed"
-            return done.output_text, kinds
+            assert done.status == "completed" and done.usage is not None
+            return done.output_text, kinds, done.usage.output_tokens
 
         rwant = response()
         break_two(fresh, after=12)
         for _ in range(3):
-            text, kinds = response()
-            assert text == rwant[0]
+            text, kinds, tokens = response()
+            assert text == rwant[0] and tokens == rwant[2]
             assert kinds.count("response.created") == 1
             assert kinds.count("response.completed") == 1
             assert kinds == rwant[1]
@@ -283,3 +284,71 @@ def test_a_stream_is_not_continued_on_a_vllm_worker(tmp_path: Path) -> None:
         raise
     finally:
         manager.stop_all()
+
+
+def worker_counts(stack: Stack, name: str) -> dict[str, float]:
+    """The gateway's token and verify-step counters of one worker, by metric."""
+    text = httpx.get(
+        stack.gw.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}, timeout=5
+    ).text
+    out: dict[str, float] = {}
+    for metric in ("prompt_tokens", "completion_tokens", "spec_verify_steps"):
+        pattern = (
+            rf'^dflash_gateway_{metric}_total\{{[^}}]*worker="{re.escape(name)}"[^}}]*\}} (\S+)$'
+        )
+        out[metric] = sum(float(m) for m in re.findall(pattern, text, re.MULTILINE))
+    return out
+
+
+def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> None:
+    """The client's usage (what its key is charged) is the sum of what the workers themselves
+    recorded for the request (their stats: every prefill, every token generated), the completion
+    tokens those of the unbroken stream; each worker's counters at the gateway grow by its own
+    attempt's tokens."""
+    unbroken = post(fresh.gw, body(stream_options={"include_usage": True}))
+    want = chunks_of(events_of(unbroken.text))[-1]["usage"]
+    break_two(fresh, after=25)
+    table = httpx.get(fresh.gw.url + "/workers", headers={"authorization": f"Bearer {KEY}"})
+    names = {w["url"]: w["name"] for w in table.json()["workers"]}
+    continued = n = 0
+    while continued < 2 and n < 8:  # round robin: most start on a breaking worker
+        n += 1
+        request_id = f"continued-usage-{n}"
+        before = {emu.url: worker_counts(fresh, names[emu.url]) for emu in fresh.emus}
+        response = httpx.post(
+            fresh.gw.url + CHAT,
+            json=body(stream_options={"include_usage": True}),
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
+            timeout=60,
+        )
+        usage = chunks_of(events_of(response.text))[-1]["usage"]
+        records = {
+            emu.url: [r for r in fresh.stats(emu)["requests"] if r["request_id"] == request_id]
+            for emu in fresh.emus
+        }
+        attempts = [r for rs in records.values() for r in rs]
+        continued += len(attempts) > 1
+        assert usage["prompt_tokens"] == sum(r["prompt_tokens"] for r in attempts)
+        assert usage["completion_tokens"] == sum(r["completion_tokens"] for r in attempts)
+        assert usage["completion_tokens"] == want["completion_tokens"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        for emu in fresh.emus:
+            after = worker_counts(fresh, names[emu.url])
+            own = records[emu.url]
+            grew = {k: after[k] - before[emu.url][k] for k in after}
+            assert grew["prompt_tokens"] == sum(r["prompt_tokens"] for r in own)
+            assert grew["completion_tokens"] == sum(r["completion_tokens"] for r in own)
+            assert (grew["spec_verify_steps"] > 0) == bool(own)
+    assert continued == 2
+
+
+def test_a_continuation_ends_where_the_unbroken_stream_would_at_max_tokens(fresh: Stack) -> None:
+    """The continuation's max_tokens is what was asked less the tokens streamed, counted by the
+    worker (not estimated): a stream cut by max_tokens ends at the same token either way."""
+    want = reference(fresh, max_tokens=90)
+    break_two(fresh, after=20)
+    for _ in range(3):
+        chunks = chunks_of(events_of(post(fresh.gw, body(max_tokens=90)).text))
+        assert texts(chunks) == want
+        finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"]]
+        assert [f for f in finishes if f] == ["length"]

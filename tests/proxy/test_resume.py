@@ -11,6 +11,8 @@ import pytest
 from app.errors import UpstreamForeignAnswer, UpstreamStatusError
 from app.proxy.resume import Resume, Stream, continuation_body, read_partial
 from app.upstream.sse import SSEObserver
+from app.workers.worker import Worker
+from tests.metrics.test_metrics import scrape, value
 from tests.proxy.test_forward import CHAT, chat
 from tests.support.gateway import FakeWorker, GatewayHarness
 
@@ -66,8 +68,28 @@ def test_the_continuation_body_adds_the_partial_answer_and_lowers_max_tokens() -
     assert sent["max_tokens"] == 100 and len(sent["messages"]) == 1  # the original is untouched
 
 
+def _usage_event(prompt: int, completion: int) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return event(
+        {"id": RID, "choices": [], "usage": {**usage, "total_tokens": prompt + completion}}
+    )
+
+
+def _broken_stream(worker: str = "w1") -> Stream:
+    """A stream whose first attempt (prompt body b"{}") relayed a role chunk and two text
+    chunks (80 characters: 20 estimated tokens) on ``worker`` and broke."""
+    keep = Stream()
+    keep.chunks.append(
+        chunk(FIRST, {"role": "assistant", "content": ""}) + chunk(FIRST, {"content": "x" * 40}) * 2
+    )
+    keep.broke(Worker(url=f"http://{worker}", name=worker), keep.partial(), b"{}")
+    return keep
+
+
 def test_the_continuation_has_the_first_id_no_role_chunk_and_usage_of_both() -> None:
-    resume = Resume(FIRST, streamed_tokens=20)
+    keep = _broken_stream()
+    keep.legs[0].prompt_tokens = 12  # as the next worker counted the first attempt's prompt
+    resume = Resume(FIRST, keep)
     resume.rid = RID
     obs = SSEObserver(drop_usage=False)
     obs.first_data = True  # the first attempt committed
@@ -76,13 +98,8 @@ def test_the_continuation_has_the_first_id_no_role_chunk_and_usage_of_both() -> 
         chunk(RID, {"role": "assistant", "content": ""})
         + chunk(RID, {"content": " world"})
         + chunk(RID, {}, finish="stop")
-        + event(
-            {
-                "id": RID,
-                "choices": [],
-                "usage": {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35},
-            }
-        )
+        # The continuation's prompt: the first one's 12 plus the 18 tokens streamed before.
+        + _usage_event(30, 5)
         + b"data: [DONE]\n\n"
     )
     out = feed(stream[:17]) + feed(stream[17:])
@@ -91,11 +108,40 @@ def test_the_continuation_has_the_first_id_no_role_chunk_and_usage_of_both() -> 
     assert events[-1] == b"data: [DONE]" and obs.done
     assert [d["id"] for d in docs] == [FIRST] * 3
     assert docs[0]["choices"][0]["delta"]["content"] == " world"
-    assert docs[-1]["usage"] == {"prompt_tokens": 30, "completion_tokens": 25, "total_tokens": 55}
+    # Both prefills (12 + 30), every token streamed (18 before the break, 5 after).
+    assert docs[-1]["usage"] == {"prompt_tokens": 42, "completion_tokens": 23, "total_tokens": 65}
+    assert resume.usage is not None and resume.usage.exact
+    assert resume.usage.continuation_prompt_tokens == 30
+    shares = [(w.name if w else None, p, c, s) for w, p, c, s in resume.usage.shares]
+    assert shares == [("w1", 12, 18, 2), (None, 30, 5, None)]
+
+
+def test_without_the_first_prompt_counted_the_streamed_tokens_are_estimated() -> None:
+    keep = _broken_stream()  # no worker counted its prompt
+    usage = keep.usage(30, 5)
+    assert usage is not None and not usage.exact
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.continuation_prompt_tokens) == (
+        30,
+        25,
+        0,
+    )
+
+
+def test_two_breaks_credit_each_attempt_with_what_it_streamed() -> None:
+    keep = _broken_stream("w1")
+    keep.legs[0].prompt_tokens = 10
+    keep.chunks.append(chunk(FIRST, {"content": "y" * 40}))
+    keep.broke(Worker(url=f"http://{'w2'}", name="w2"), keep.partial(), b"{}")
+    keep.legs[1].prompt_tokens = 30  # 10 + the 20 tokens w1 streamed
+    usage = keep.usage(37, 4)  # 30 + the 7 tokens w2 streamed
+    assert usage is not None and usage.exact
+    assert (usage.prompt_tokens, usage.completion_tokens) == (10 + 30 + 37, 20 + 7 + 4)
+    shares = [(w.name if w else None, p, c, s) for w, p, c, s in usage.shares]
+    assert shares == [("w1", 10, 20, 2), ("w2", 30, 7, 1), (None, 37, 4, None)]
 
 
 def test_a_continuation_answering_another_request_is_refused() -> None:
-    resume = Resume(FIRST, streamed_tokens=1)
+    resume = Resume(FIRST, Stream())
     resume.rid = RID
     with pytest.raises(UpstreamForeignAnswer):
         resume.feed(chunk("c" * 32, {"role": "assistant", "content": ""}))
@@ -157,3 +203,28 @@ def test_the_partial_answer_ends_before_a_held_back_error() -> None:
     part = keep.partial()
     assert part.continuable and part.content == "Hi"
     assert keep.chunks == [text]
+
+
+async def test_a_continued_stream_counts_every_attempt_each_on_its_own_worker() -> None:
+    """The first worker streams three chunks and drops; the second counts the first attempt's
+    prompt (4 tokens) and continues: its usage says 7 prompt tokens (4 + the 3 streamed before)
+    and 2 completion tokens."""
+    first = FakeWorker(die_after=4, texts=("Hel", "lo", " wor", "ld", "!"))
+    second = FakeWorker(texts=("ld", "!"), prompt_count=4)
+    async with GatewayHarness([first, second], policy="round_robin") as gw:
+        ex = await gw.post(CHAT, chat(stream=True, stream_options={"include_usage": True}))
+        text = await scrape(gw)
+    docs = [orjson.loads(e[5:]) for e in ex.body.split(b"\n\n") if e and e != b"data: [DONE]"]
+    assert "".join(c["delta"].get("content") or "" for d in docs for c in d["choices"]) == (
+        "Hello world!"
+    )
+    # Both prefills (4 + 7), every token streamed (3 + 2).
+    assert docs[-1]["usage"] == {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}
+    # Each attempt on its own worker: the first prefilled 4 and streamed 3 tokens in 3 steps,
+    # the second prefilled 7 and generated 2 in 2 steps.
+    for worker, prompt, completion, steps in ((first, 4, 3, 3), (second, 7, 2, 2)):
+        assert value(text, "dflash_gateway_prompt_tokens_total", worker=worker.name) == prompt
+        done = value(text, "dflash_gateway_completion_tokens_total", worker=worker.name)
+        assert done == completion
+        assert value(text, "dflash_gateway_spec_verify_steps_total", worker=worker.name) == steps
+    assert value(text, "dflash_gateway_spec_accept_length_count", source="estimated") == 2

@@ -102,6 +102,7 @@ class FakeWorker:
     texts: tuple[str, ...] = ("Hel", "lo", "!")
     loads: Any = None  # GET /v1/loads: this document (bytes as they are), else one idle rank
     loads_served: int = 0  # GET /v1/loads answered
+    prompt_count: int | None = None  # POST /v1/tokenize: this count (None: 404, not served)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -185,6 +186,9 @@ class FakeWorker:
             await _answer(writer, 200, b"")
         elif method != "POST":
             await _answer(writer, 404, b"")
+        elif path == "/v1/tokenize":
+            count = self.prompt_count
+            await _answer(writer, 404 if count is None else 200, {"count": count})
         else:
             doc = orjson.loads(body)
             self.requests.append(doc)

@@ -39,6 +39,8 @@ FIELDS = [
     "duration_ms",
     "attempts",
     "continuations",
+    "continuation_prompt_tokens",
+    "tokens_estimated",
 ]
 ROUTE = "/v1/chat/completions"
 
