@@ -21,20 +21,20 @@ from app.accesslog import AccessLog
 from app.api import openai, ops, responses
 from app.api import surfaces as api_surfaces
 from app.api.access import AccessMiddleware
+from app.api.asgi import GatewayApp
+from app.api.errors import install_handlers
 from app.api.schema import openapi_document
 from app.auth import KeyStore
 from app.background import DEFAULT_BACKOFF, Backoff, supervise
 from app.config import Settings
-from app.door.asgi import GatewayApp
 from app.door.entrance import Checks, Door, checks
 from app.door.request_id import RequestIdMiddleware
-from app.errors import install_handlers
 from app.gateway import Gateway
 from app.limits import make_limiter
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
-from app.responses.store import make_store
+from app.response_store import make_store
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
@@ -43,6 +43,8 @@ from app.tenants.tenant import Tenants
 from app.tenants.usage import UsageLog
 from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
+from app.workers.acceptance import CollapseDetector
+from app.workers.admission import Admission
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
@@ -80,6 +82,12 @@ def create_app(
     )
     if usage is not None:  # the billable requests' records, also as usage lines
         access.sink = usage.sink(ROUTES, lambda: keys.open)
+    admission = Admission(
+        settings.admission,
+        processes=settings.processes,
+        clock=clock,
+        deweight_collapsed=settings.routing.deweight_collapsed,
+    )
     proxy = Proxy(
         settings=settings,
         pool=pool,
@@ -91,6 +99,8 @@ def create_app(
         access_log=access,
         clock=clock,
         rng=rng,
+        admission=admission,
+        acceptance=CollapseDetector(settings.routing, lambda: pool.workers),
     )
     health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
     discovery = make_discovery(settings.discovery, settings.worker_urls)
@@ -106,6 +116,7 @@ def create_app(
         settings=settings,
         pool=pool,
         proxy=proxy,
+        admission=admission,
         metrics=metrics,
         tenants=Tenants(settings.tenants),
         keys=keys,
@@ -147,8 +158,8 @@ def create_app(
                     "metrics",
                     lambda: metrics.keep_fresh(
                         lambda: pool.workers,
-                        lambda: proxy.admission.depth,
-                        saturation=lambda: proxy.admission.saturation(pool.workers),
+                        lambda: admission.depth,
+                        saturation=lambda: admission.saturation(pool.workers),
                     ),
                 )
             )

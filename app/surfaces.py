@@ -1,7 +1,7 @@
 """The surface registry: every API the gateway serves, one line per API, one ``Entry`` per route.
 
 ``SURFACES`` is the one table of the gateway's API POST routes. Everything that depends on which
-APIs exist derives from it: the dispatch ahead of FastAPI (``app.door.asgi.GatewayApp``: one dict
+APIs exist derives from it: the dispatch ahead of FastAPI (``app.api.asgi.GatewayApp``: one dict
 lookup per request, ``BY_PATH``, then the door's one list of checks, ``app.door``), FastAPI's
 declaration of the routes and ``/openapi.json`` (``app.api.surfaces``), the access log's and
 ``requests_total``'s ``route`` labels (``ROUTES``, a bounded set: the paths), the routes whose

@@ -27,7 +27,7 @@ from app.anthropic.stream import MessagesStream
 from app.door.entry import Entry
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
-from app.proxy.media import image_policy
+from app.media_policy import image_policy
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER

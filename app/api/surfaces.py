@@ -1,6 +1,6 @@
 """Every API POST route of the surface registry (``app.surfaces``) as FastAPI sees it: declared
 for ``/openapi.json`` (each ``Entry``'s ``operation``), 405 for other methods, and served here in
-the CORS case; otherwise ``app.door.asgi.GatewayApp`` hands those POSTs to the door itself, ahead
+the CORS case; otherwise ``app.api.asgi.GatewayApp`` hands those POSTs to the door itself, ahead
 of FastAPI, with the same code (``app.door.entrance.Door.serve``)."""
 
 from __future__ import annotations

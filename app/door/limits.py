@@ -10,10 +10,10 @@ from collections.abc import Awaitable
 from app.door.visit import Visit
 from app.errors import RateLimited
 from app.gateway import Gateway
+from app.limits import Budget
 from app.outcomes import Outcome
 from app.proxy.forward import Job
 from app.proxy.request import Route
-from app.tenants.headers import Budget
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from app.server.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.server.guard import GuardedConnection, GuardLimits, guarded_protocol
 from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
-from app.server.sockets import listen, listen_shared
 from app.server.uvicorn_adapter import Server
+from app.sockets import listen, listen_shared
 from app.surfaces import ROUTES, shape_of
 from app.tenants.usage import process_path
 
@@ -164,7 +164,7 @@ def uvicorn_config(
         app,
         http=protocol,
         # ASGI 3, said rather than guessed: the gateway's app returns its coroutine from a plain
-        # __call__ (app.door.asgi), which uvicorn's guess would take for ASGI 2.
+        # __call__ (app.api.asgi), which uvicorn's guess would take for ASGI 2.
         interface="asgi3",
         lifespan="on",
         access_log=False,

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.config import LimitsConfig
-from app.limits import StoreErrors, redis_store
+from app.limits import Budget, StoreErrors, redis_store
 from app.tenants.config import TenantPolicy, TenantsConfig
-from app.tenants.headers import Budget, duration
+from app.tenants.headers import duration
 
 MINUTE_S = 60
 DAY_S = 86400

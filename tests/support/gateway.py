@@ -39,7 +39,7 @@ from app.config import Settings
 from app.main import create_app
 from app.proxy.direct import EXTENSION
 from app.server.run import guarded, uvicorn_config
-from app.server.sockets import listen
+from app.sockets import listen
 
 MODEL = "moonshotai/Kimi-K2.5"
 HOST = "127.0.0.1"
