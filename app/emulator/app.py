@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from app.emulator import control, counting, ops, vllm
+from app.emulator import bootstrap, control, counting, ops, vllm
 from app.emulator.asgi import Receive, Scope, Send, header, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
@@ -99,8 +99,19 @@ class EmulatorApp:
             else _routes(replay)
         )
 
+    def _on_bootstrap_port(self, scope: Scope) -> bool:
+        """A prefill server's bootstrap port is a second socket of the same server."""
+        disagg = self.worker.config.disagg
+        server = scope.get("server")
+        return (
+            disagg.mode == "prefill" and server is not None and server[1] == disagg.bootstrap_port
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if self._on_bootstrap_port(scope):
+                await bootstrap.serve(self.worker, scope, receive, send)
+                return
             path = scope["path"]
             key = self.worker.config.api_key
             if key is not None and not _authorized(scope, path, key):
@@ -127,6 +138,8 @@ class EmulatorApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.worker.stats.close()
+                if self.worker.disagg is not None:
+                    await self.worker.disagg.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

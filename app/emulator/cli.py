@@ -12,6 +12,12 @@ import logging
 from pathlib import Path
 
 from app.emulator.asgi import ConnectionDrop
+from app.emulator.disagg import (
+    DEFAULT_BOOTSTRAP_PORT,
+    MODES,
+    TRANSFER_BACKENDS,
+    DisaggConfig,
+)
 from app.emulator.engine import Timing
 from app.emulator.faults import COLLAPSED_ACCEPT_LENGTH, Faults
 from app.emulator.profiles import PROFILE_NAMES
@@ -125,6 +131,64 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "metrics and /emulator/* stay open)",
     )
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    pd = p.add_argument_group(
+        "prefill/decode disaggregation (SGLang's --disaggregation-* flags; the timeouts are "
+        "SGLang's SGLANG_DISAGGREGATION_* environment variables, in seconds, not scaled by "
+        "--speed)"
+    )
+    pd.add_argument(
+        "--disaggregation-mode",
+        choices=MODES,
+        default="null",
+        help="prefill: prefill-only server with a bootstrap server; decode: decode-only server "
+        "(default null: a whole worker)",
+    )
+    pd.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=DEFAULT_BOOTSTRAP_PORT,
+        help=f"the prefill server's bootstrap port (default {DEFAULT_BOOTSTRAP_PORT})",
+    )
+    pd.add_argument(
+        "--disaggregation-transfer-backend",
+        choices=TRANSFER_BACKENDS,
+        default="mooncake",
+        help="KV transfer backend; every backend but fake runs the emulated handshake "
+        "(default mooncake)",
+    )
+    for flag, env, default, what in (
+        (
+            "--disaggregation-bootstrap-timeout",
+            "BOOTSTRAP_TIMEOUT",
+            300.0,
+            "a prefill request waits this long for the decode side's destination",
+        ),
+        (
+            "--disaggregation-waiting-timeout",
+            "WAITING_TIMEOUT",
+            300.0,
+            "a decode request waits this long for the transfer",
+        ),
+        (
+            "--disaggregation-heartbeat-interval",
+            "HEARTBEAT_INTERVAL",
+            5.0,
+            "between tries of an unreachable bootstrap server",
+        ),
+    ):
+        pd.add_argument(
+            flag,
+            type=float,
+            default=default,
+            help=f"{what} (SGLANG_DISAGGREGATION_{env}; default {default:g})",
+        )
+    pd.add_argument(
+        "--disaggregation-heartbeat-max-failure",
+        type=int,
+        default=2,
+        help="failed tries before a decode server gives up on a bootstrap server's rooms "
+        "(SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE; default 2)",
+    )
     faults = p.add_argument_group("faults (also settable at run time: POST /emulator/faults)")
     faults.add_argument("--fail-status", type=int, default=None, help="answer with this status")
     faults.add_argument("--fail-ratio", type=float, default=1.0, help="share of requests failed")
@@ -189,6 +253,15 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         engine=args.engine,
         vllm_dev_mode=args.vllm_dev_mode,
         faults=faults,
+        disagg=DisaggConfig(
+            mode=args.disaggregation_mode,
+            bootstrap_port=args.disaggregation_bootstrap_port,
+            transfer_backend=args.disaggregation_transfer_backend,
+            bootstrap_timeout_s=args.disaggregation_bootstrap_timeout,
+            waiting_timeout_s=args.disaggregation_waiting_timeout,
+            heartbeat_interval_s=args.disaggregation_heartbeat_interval,
+            heartbeat_max_failure=args.disaggregation_heartbeat_max_failure,
+        ),
     )
 
 
@@ -226,11 +299,21 @@ def run(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=3,
         )
     )
-    try:
-        sock = listen(config.host, config.port)
-    except OSError as exc:
-        print(f"dflash-gateway emulate: cannot bind {config.host}:{config.port}: {exc}", flush=True)
-        return 1
-    print(f"emulated SGLang DFLASH worker on http://{config.host}:{config.port}", flush=True)
-    server.run(sockets=[sock])
+    addresses = [config.port]
+    if config.disagg.mode == "prefill":
+        addresses.append(config.disagg.bootstrap_port)
+    socks = []
+    for port in addresses:
+        try:
+            socks.append(listen(config.host, port))
+        except OSError as exc:
+            for sock in socks:
+                sock.close()
+            print(f"dflash-gateway emulate: cannot bind {config.host}:{port}: {exc}", flush=True)
+            return 1
+    role = "" if config.disagg.mode == "null" else f" ({config.disagg.mode})"
+    print(f"emulated SGLang DFLASH worker{role} on http://{config.host}:{config.port}", flush=True)
+    if len(socks) > 1:
+        print(f"bootstrap server on {config.host}:{config.disagg.bootstrap_port}", flush=True)
+    server.run(sockets=socks)
     return 0

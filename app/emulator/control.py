@@ -74,10 +74,21 @@ async def get_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) 
         await respond_json(send, 400, render.error_body("limit must be an integer", "400", 400))
         return
     active = [req.rid for req in worker.scheduler.active.values()]
-    await respond_json(send, 200, worker.stats.snapshot(active, params.get("rid", ""), limit))
+    snapshot = worker.stats.snapshot(active, params.get("rid", ""), limit)
+    side = worker.disagg
+    if side is not None:
+        # Prefill/decode disaggregation: the rooms still in flight and what became of the
+        # others (``app.emulator.rooms``).
+        records = list(side.book.records)
+        if limit is not None:
+            records = records[-limit:] if limit > 0 else []
+        snapshot["rooms"] = {"mode": side.book.mode, "pending": side.pending(), "records": records}
+    await respond_json(send, 200, snapshot)
 
 
 async def reset_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
     """``DELETE /emulator/stats``: forget the in-memory records (the JSONL file is kept)."""
     worker.stats.reset()
+    if worker.disagg is not None:
+        worker.disagg.book.reset()
     await respond_json(send, 200, {"reset": True})

@@ -21,21 +21,29 @@ QUEUE_BUCKETS = (
     60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800,
     2000, 2500, 3000,
 )  # fmt: skip
+_PD_QUEUES = {
+    "prefill_bootstrap_queue": "The number of requests in the prefill bootstrap queue.",
+    "prefill_inflight_queue": "The number of requests in the prefill inflight queue.",
+    "decode_prealloc_queue": "The number of requests in the decode prealloc queue.",
+    "decode_transfer_queue": "The number of requests in the decode transfer queue.",
+}
 _SCHED = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 _TOK = ("model_name", "engine_type")
 
 
 class EmulatorMetrics:
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, disaggregation_mode: str = "null") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # ``DisaggregationMode.to_engine_type``: prefill, decode, else unified.
+        engine_type = disaggregation_mode if disaggregation_mode != "null" else "unified"
         self._sched = {
             "model_name": model,
-            "engine_type": "unified",
+            "engine_type": engine_type,
             "tp_rank": "0",
             "pp_rank": "0",
             "moe_ep_rank": "0",
         }
-        self._tok = {"model_name": model, "engine_type": "unified"}
+        self._tok = {"model_name": model, "engine_type": engine_type}
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -126,6 +134,22 @@ class EmulatorMetrics:
         self.queue_time.labels(**self._sched)
         for g in (self.num_running_reqs, self.num_queue_reqs, self.gen_throughput):
             g.labels(**self._sched)
+        self.pd: dict[str, Gauge] = {}
+        self.pd_failed: dict[str, Counter] = {}
+        if disaggregation_mode != "null":
+            # PD disaggregation (``observability/metrics_collector.py``): queue gauges of both
+            # roles and the failure counters, as SGLang registers them on a PD server.
+            for queue, doc in _PD_QUEUES.items():
+                self.pd[queue] = gauge(f"num_{queue}_reqs", doc)
+                self.pd[queue].labels(**self._sched)
+            for stage in ("bootstrap", "transfer"):
+                self.pd_failed[stage] = Counter(
+                    f"sglang:num_{stage}_failed_reqs",
+                    f"The number of {stage} failed requests.",
+                    _SCHED,
+                    registry=r,
+                )
+                self.pd_failed[stage].labels(**self._sched)
 
     def on_steps(self, tokens: int, step_s: float) -> None:
         """One verify step emitted ``tokens`` after ``step_s``: SGLang observes one inter-token
@@ -162,6 +186,18 @@ class EmulatorMetrics:
 
     def on_queued(self, wait_s: float) -> None:
         self.queue_time.labels(**self._sched).observe(wait_s)
+
+    def on_transfer_failed(self, stage: str) -> None:
+        """A PD request failed its bootstrap (P's wait for D, D's handshake) or its transfer."""
+        counter = self.pd_failed.get(stage)
+        if counter is not None:
+            counter.labels(**self._sched).inc()
+
+    def refresh_disagg(self, loads: dict[str, object]) -> None:
+        """The PD queue gauges from the role's ``/v1/loads`` disaggregation section."""
+        for queue, gauge in self.pd.items():
+            value = loads.get(f"{queue}_reqs", 0)
+            gauge.labels(**self._sched).set(value if isinstance(value, int | float) else 0)
 
     def on_abort(self) -> None:
         self.num_aborted_requests.labels(**self._tok).inc()

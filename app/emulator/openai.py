@@ -28,10 +28,12 @@ from app.emulator.asgi import (
     respond_json,
     watch_disconnect,
 )
+from app.emulator.disagg import TransferFailed
 from app.emulator.engine import QueueFull
 from app.emulator.generation import check_expansion
 from app.emulator.grammar import Budget, GrammarError
 from app.emulator.logprobs import TokenLogprob
+from app.emulator.metrics import EmulatorMetrics
 from app.emulator.replay import ReplayBook, handle_replay
 from app.emulator.requests import (
     GenRequest,
@@ -153,6 +155,15 @@ async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | Non
     except QueueFull as refused:
         await render.send_queue_full(send, first.req.stream, refused.message)
         return None
+    except TransferFailed as failed:
+        if failed.stage is not None and isinstance(worker.metrics, EmulatorMetrics):
+            worker.metrics.on_transfer_failed(failed.stage)
+        for session in sessions:
+            if session.room_use.outcome is None and not session.aborted:
+                session.room_use.outcome = failed.outcome
+                session.room_use.reason = failed.message
+        await render.send_abort(send, first.req.stream, failed.message, failed.status)
+        return "disaggregation"
     if first.req.stream:
         return await StreamWriter(worker, sessions, send).run()
     return await _non_stream(worker, sessions, send)

@@ -90,6 +90,10 @@ def server_args(worker: Worker) -> dict[str, Any]:
         "enable_cache_report": c.enable_cache_report,
         "trust_remote_code": True,
         "weight_version": "default",
+        "disaggregation_mode": c.disagg.mode,
+        "disaggregation_transfer_backend": c.disagg.transfer_backend,
+        "disaggregation_bootstrap_port": c.disagg.bootstrap_port,
+        "disaggregation_decode_allocation_policy": "early",
     }
 
 
@@ -123,7 +127,7 @@ async def model_info(worker: Worker, scope: Scope, receive: Receive, send: Send)
         "load_format": "auto",
         "reasoning_parser": "kimi_k2",
         "tool_call_parser": "kimi_k2",
-        "disaggregation_mode": "null",
+        "disaggregation_mode": c.disagg.mode,
         "has_image_understanding": True,
         "has_audio_understanding": False,
         "model_type": "kimi_k25",
@@ -171,6 +175,9 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
             "accept_length": length,
             "accept_rate": max(0.0, (length - 1) / 7) if length else 0.0,
         }
+    side = worker.disagg
+    if side is not None and (include is None or "all" in include or "disagg" in include):
+        load["disaggregation"] = side.loads()
     body = {
         "timestamp": datetime.now(UTC).isoformat(),
         "version": SGLANG_VERSION,

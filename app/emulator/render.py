@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -54,6 +55,21 @@ async def send_queue_full(
         return
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     event = error_event(message, "SERVICE_UNAVAILABLE", 503)
+    await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": DONE})
+
+
+async def send_abort(send: Send, stream: bool, message: str, status: int) -> None:
+    """A request SGLang's scheduler aborted with a status (``prepare_abort``): non-streaming, a
+    400 is an ``ErrorResponse`` of type "BadRequestError" (``ValueError`` in the tokenizer
+    manager), any other status one whose type is the status (``HTTPException``); streaming,
+    HTTP 200 with one in-band error event typed with the status's name, then ``[DONE]``."""
+    if not stream:
+        err_type = "BadRequestError" if status == 400 else str(status)
+        await respond_json(send, status, error_body(message, err_type, status))
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    event = error_event(message, HTTPStatus(status).name, status)
     await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": DONE})
 

@@ -89,6 +89,12 @@ class GenRequest:
     regex: str | None = None  # the answer matches it
     ebnf: str | None = None  # the answer is a sentence of this grammar
     priority: int | None = None  # SGLang's scheduling priority (used with priority scheduling)
+    # Prefill/decode disaggregation (``app.emulator.disagg``): where the prefill server's
+    # bootstrap server is, and the room (one per generation: ``room + index``, as SGLang's
+    # ``_normalize_bootstrap_params`` numbers a batch's rooms).
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
     # ``continue_final_message``: the final assistant message's text, split at ``</think>`` into
     # the reasoning and the answer it already holds (the generation resumes after them).
     prefix_reasoning: str = ""
@@ -162,6 +168,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         raise RequestError("stream_options must be an object.")
     stream = bool(body.get("stream", False))
     return {
+        **_bootstrap(body),
         "priority": priority,
         "model": str(body.get("model") or UNNAMED_MODEL),
         "rid": rid,
@@ -179,6 +186,19 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         "regex": _grammar(body, "regex"),
         "ebnf": _grammar(body, "ebnf"),
     }
+
+
+def _bootstrap(body: dict[str, Any]) -> dict[str, Any]:
+    """``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` (SGLang's ``PDRoutingFields``),
+    single values; a list (SGLang's batch form) is refused."""
+    host, port, room = (body.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room"))
+    if host is not None and not isinstance(host, str):
+        raise RequestError("bootstrap_host must be a string.")
+    if port is not None and (not _is_int(port) or not 0 < port < 65536):
+        raise RequestError("bootstrap_port must be a port number.")
+    if room is not None and (not _is_int(room) or not 0 <= room < (1 << 63)):
+        raise RequestError("bootstrap_room must be a non-negative 64-bit integer.")
+    return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
 
 
 def _int64(value: int) -> bool:
@@ -372,7 +392,12 @@ def expand(req: GenRequest) -> list[GenRequest]:
             rid = f"{req.rid}_{i}"
         for j in range(req.n):
             index = i * req.n + j
-            out.append(replace(req, prompt=prompt, last_user=prompt, index=index, rid=rid))
+            room = None if req.bootstrap_room is None else req.bootstrap_room + index
+            out.append(
+                replace(
+                    req, prompt=prompt, last_user=prompt, index=index, rid=rid, bootstrap_room=room
+                )
+            )
     return out
 
 

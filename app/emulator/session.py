@@ -12,10 +12,14 @@ import asyncio
 import hashlib
 import random
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
+from app.emulator.decode_role import DecodeSide
+from app.emulator.disagg import RoomUse
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation, Step
+from app.emulator.prefill_role import PrefillSide
 from app.emulator.profiles import PROFILE_NAMES, classify
 from app.emulator.requests import GenRequest
 from app.emulator.worker import Worker
@@ -45,6 +49,11 @@ class Session:
         profile_header: str | None = None,
         request_id: str | None = None,
     ):
+        side = worker.disagg
+        if isinstance(side, PrefillSide):
+            # A prefill server answers with the one token its prefill sampled (``prefill.py``).
+            limit = req.max_tokens
+            req = replace(req, max_tokens=1 if limit is None or limit > 1 else limit)
         self.worker = worker
         self.req = req
         self.request_id = request_id  # the client's X-Request-Id, as forwarded by a gateway
@@ -76,6 +85,9 @@ class Session:
         self._holding_slot = False
         self._finished = False
         self._counted_tokens = 0
+        # Verify steps run here: not on a prefill server (its one token comes from the prefill).
+        self.verifies = not isinstance(side, PrefillSide)
+        self.room_use = RoomUse(req.bootstrap_room, None, clock.time())
         worker.stats.count("requests")
         worker.scheduler.register(self.active)
 
@@ -84,23 +96,54 @@ class Session:
         return self.active.aborted
 
     async def start(self) -> None:
-        """Admission and prefill; raises ``QueueFull`` when the waiting queue is full."""
+        """Admission and prefill; raises ``QueueFull`` when the waiting queue is full. Under
+        disaggregation (``app.emulator.disagg``) a prefill server first waits for the decode
+        side's destination and "transfers" the KV after its prefill; a decode server waits for
+        the transfer instead of prefilling. Both raise ``TransferFailed`` as SGLang aborts."""
+        w = self.worker
+        side = w.disagg
+        if side is None:
+            await self._admit_and_prefill()
+            return
+        side.check(self)
+        if isinstance(side, DecodeSide):
+            if await side.receive(self):
+                await self._admit_and_prefill(prefill=False)
+            return
+        room = await side.bootstrap(self)
+        try:
+            if not self.aborted:
+                side.prefilling(True)
+                try:
+                    await self._admit_and_prefill()
+                finally:
+                    side.prefilling(False)
+            side.transfer(self, room)
+        finally:
+            side.abandon(self, room)
+
+    async def _admit_and_prefill(self, prefill: bool = True) -> None:
         w = self.worker
         try:
             self._holding_slot = await w.scheduler.acquire(self.active)
-        except QueueFull:
+        except QueueFull as refused:
             w.scheduler.unregister(self.active)
             w.stats.count("queue_rejected")
             self._finished = True
+            if w.disagg is not None:  # no request record, but the room's
+                self.room_use.outcome, self.room_use.reason = "refused", refused.message
+                w.disagg.record(self, self.room_use, {"prompt_tokens": self.prompt_tokens})
             raise
         w.metrics.on_queued(w.clock.monotonic() - self.active.started_mono)
         if not self._holding_slot:
             return
+        w.running_tokens += self.prompt_tokens
+        self._counted_tokens = self.prompt_tokens
+        if not prefill:
+            return  # a decode server's KV came from the prefill server
         keys = w.cache.keys(self.req.prompt)
         self.cached_tokens = w.cache.match(keys, self.prompt_tokens)
         w.cache.insert(keys)
-        w.running_tokens += self.prompt_tokens
-        self._counted_tokens = self.prompt_tokens
         self.prefill_s = w.timing.prefill_s(self.prompt_tokens - self.cached_tokens)
         await asyncio.sleep(self.prefill_s)
 
@@ -110,7 +153,7 @@ class Session:
             if self.active.aborted:
                 self.gen.abort()
                 return
-            step_s = w.timing.step_s(w.scheduler.running, self._step_factor)
+            step_s = w.timing.step_s(w.scheduler.running, self._step_factor) if self.verifies else 0
             self.decode_s += step_s
             await asyncio.sleep(step_s)
             if self.active.aborted:
@@ -124,11 +167,16 @@ class Session:
                 w.metrics.on_first_token(
                     self.req.stream, w.clock.monotonic() - self.active.started_mono
                 )
-            w.on_tokens(step.tokens, 1)
             w.running_tokens += step.tokens
             self._counted_tokens += step.tokens
-            w.metrics.on_steps(step.tokens, step_s)
+            if self.verifies:
+                w.on_tokens(step.tokens, 1)
+                w.metrics.on_steps(step.tokens, step_s)
             yield step
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.gen.step_tokens) if self.verifies else 0
 
     def usage_counts(self) -> tuple[int, int, int, int | None]:
         cached = self.cached_tokens if self.worker.config.enable_cache_report else None
@@ -152,7 +200,7 @@ class Session:
             "cached_tokens": self.cached_tokens,
             "e2e_latency": self.worker.clock.monotonic() - self.active.started_mono,
         }
-        steps = len(gen.step_tokens)
+        steps = self.verify_steps
         if steps:
             proposed = steps * 7
             info.update(
@@ -181,7 +229,7 @@ class Session:
         w.scheduler.unregister(self.active)
         w.running_tokens -= self._counted_tokens
         gen = self.gen
-        steps = len(gen.step_tokens)
+        steps = self.verify_steps
         e2e = w.clock.monotonic() - self.active.started_mono
         if self.active.aborted:
             w.metrics.on_abort()
@@ -206,7 +254,7 @@ class Session:
                 "stream": self.req.stream,
                 "priority": self.req.priority,
                 "steps": steps,
-                "tokens_per_step": list(gen.step_tokens),
+                "tokens_per_step": list(gen.step_tokens) if self.verifies else [],
                 "completion_tokens": gen.completion_tokens,
                 "reasoning_tokens": gen.reasoning_tokens,
                 "prompt_tokens": self.prompt_tokens,
@@ -221,5 +269,8 @@ class Session:
                 "started": self.active.started,
                 "first_token": self.first_token,
                 "finished": w.clock.time(),
+                "bootstrap_room": self.req.bootstrap_room,
             }
         )
+        if w.disagg is not None:
+            w.disagg.record(self, self.room_use, {"prompt_tokens": self.prompt_tokens})

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.emulator.cache import PrefixCache
+from app.emulator.disagg import DisaggConfig
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
+from app.emulator.roles import Side, make_side
 from app.emulator.stats import StatsBook
 from app.emulator.vllm import VLLMMetrics
 
@@ -56,6 +58,8 @@ class EmulatorConfig:
     # vLLM with VLLM_SERVER_DEV_MODE=1: its /server_info (max_num_seqs) is served.
     vllm_dev_mode: bool = False
     faults: Faults = field(default_factory=Faults)
+    # Prefill/decode disaggregation (``app.emulator.disagg``); mode "null": a whole worker.
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
 
     def __post_init__(self) -> None:
         if self.profile != "auto" and self.profile not in PROFILE_NAMES:
@@ -73,6 +77,9 @@ class EmulatorConfig:
         if self.engine not in ("sglang", "vllm"):
             raise ValueError(f"unknown engine {self.engine!r}; one of sglang, vllm")
         self.faults.validate()
+        self.disagg.validate(self.port)
+        if self.disagg.enabled and (self.vllm or self.replay):
+            raise ValueError("disaggregation is emulated for SGLang without --replay only")
 
     @property
     def vllm(self) -> bool:
@@ -113,7 +120,9 @@ class Worker:
         self.gate = Gate()
         self.stats = StatsBook(config.stats_file)
         self.metrics: EmulatorMetrics | VLLMMetrics = (
-            VLLMMetrics(config.model) if config.vllm else EmulatorMetrics(config.model)
+            VLLMMetrics(config.model)
+            if config.vllm
+            else EmulatorMetrics(config.model, config.disagg.mode)
         )
         self.started_mono = self.clock.monotonic()
         self.started = self.clock.time()
@@ -122,6 +131,10 @@ class Worker:
         self.total_steps = 0
         self.running_tokens = 0
         self.window = RateWindow(self.clock)
+        # The prefill or decode role's state (rooms, handshakes); None for a whole worker.
+        self.disagg: Side | None = make_side(
+            config.disagg, self.clock, f"{config.host}:{config.port}"
+        )
 
     @property
     def warming_up(self) -> bool:
@@ -149,3 +162,5 @@ class Worker:
             max_total_tokens=MAX_TOTAL_NUM_TOKENS,
             cache_hit_rate=self.cache.hit_rate,
         )
+        if self.disagg is not None and isinstance(self.metrics, EmulatorMetrics):
+            self.metrics.refresh_disagg(self.disagg.loads())

@@ -23,6 +23,33 @@ Truncated to 56 characters so that "<fullname>-worker" stays a valid name. */}}
 {{- printf "%s-worker" (include "dflash-gateway.fullname" .) }}
 {{- end }}
 
+{{/* "true" when the chart runs prefill and decode servers (workers.disaggregation.enabled). */}}
+{{- define "dflash-gateway.pd" -}}
+{{- and .Values.workers.enabled .Values.workers.disaggregation.enabled }}
+{{- end }}
+
+{{/* Name of a worker role's StatefulSet and headless Service: the whole workers' (workerName),
+or "<fullname>-prefill" / "<fullname>-decode". Call with (dict "ctx" $ "role" "prefill"). */}}
+{{- define "dflash-gateway.roleName" -}}
+{{- if eq .role "whole" }}
+{{- include "dflash-gateway.workerName" .ctx }}
+{{- else }}
+{{- printf "%s-%s" (include "dflash-gateway.fullname" .ctx) .role }}
+{{- end }}
+{{- end }}
+
+{{/* A role's pod URLs (StatefulSet pods under their headless Service), one per replica:
+http://<name>-<i>.<name>.<namespace>.svc.cluster.local:<port>. Call like roleName. */}}
+{{- define "dflash-gateway.roleUrls" -}}
+{{- $name := include "dflash-gateway.roleName" . }}
+{{- $ns := .ctx.Release.Namespace }}
+{{- $urls := list }}
+{{- range $i := until (int (get .ctx.Values.workers .role).replicas) }}
+{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc.cluster.local:%d" $name $i $name $ns (int $.ctx.Values.workers.port)) }}
+{{- end }}
+{{- toJson $urls }}
+{{- end }}
+
 {{- define "dflash-gateway.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -82,7 +109,7 @@ EndpointSlice of a Service, naming the workers' headless Service - so exactly it
 
 {{/* Discovery mode actually used: static when external worker URLs are given. */}}
 {{- define "dflash-gateway.discoveryMode" -}}
-{{- if .Values.externalWorkers.urls }}static{{ else }}{{ .Values.gateway.discovery.mode }}{{ end }}
+{{- if or .Values.externalWorkers.urls (eq (include "dflash-gateway.pd" .) "true") }}static{{ else }}{{ .Values.gateway.discovery.mode }}{{ end }}
 {{- end }}
 
 {{- define "dflash-gateway.discoveryNamespace" -}}
@@ -125,6 +152,22 @@ EndpointSlice of a Service, naming the workers' headless Service - so exactly it
 {{- end }}
 {{- else if ne (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize) }}
 {{- fail (printf "workers.gpus (%d) must equal workers.sglang.tpSize (%d): a DFLASH worker uses exactly tp GPUs" (int .Values.workers.gpus) (int .Values.workers.sglang.tpSize)) }}
+{{- end }}
+{{- if eq (include "dflash-gateway.pd" .) "true" }}
+{{- if ne .Values.workers.engine "sglang" }}
+{{- fail "workers.disaggregation runs SGLang's prefill and decode servers: it needs workers.engine sglang" }}
+{{- end }}
+{{- if .Values.workers.autoscaling.keda.enabled }}
+{{- fail "workers.autoscaling.keda scales whole workers: turn it off with workers.disaggregation" }}
+{{- end }}
+{{- range $role := list "prefill" "decode" }}
+{{- if ne (int (get $.Values.workers $role).gpus) (int $.Values.workers.sglang.tpSize) }}
+{{- fail (printf "workers.%s.gpus (%d) must equal workers.sglang.tpSize (%d): DFLASH PD needs the same TP size on both roles" $role (int (get $.Values.workers $role).gpus) (int $.Values.workers.sglang.tpSize)) }}
+{{- end }}
+{{- end }}
+{{- if eq (int .Values.workers.prefill.bootstrapPort) (int .Values.workers.port) }}
+{{- fail "workers.prefill.bootstrapPort must differ from workers.port" }}
+{{- end }}
 {{- end }}
 {{- if le (int .Values.gateway.terminationGracePeriodSeconds) (add (int .Values.gateway.preStopSleepSeconds) (int .Values.gateway.drainSeconds)) }}
 {{- fail "gateway.terminationGracePeriodSeconds must exceed gateway.preStopSleepSeconds + gateway.drainSeconds" }}
