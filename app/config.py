@@ -28,6 +28,7 @@ from pydantic_settings import (
 
 from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
+from app.media_policy import image_policy
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
 from app.tracing.config import TracingConfig
@@ -229,8 +230,6 @@ class LimitsConfig(_Section):
     @field_validator("image_url_allow")
     @classmethod
     def _check_image_urls(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
-        from app.proxy.media import image_policy
-
         image_policy(entries)  # a ValueError names a bad entry
         return entries
 
@@ -254,7 +253,7 @@ class LimitsConfig(_Section):
 
 
 class ResponsesConfig(_Section):
-    """Stored responses of ``/v1/responses`` (``app.responses.store``): ``none`` keeps nothing
+    """Stored responses of ``/v1/responses`` (``app.response_store``): ``none`` keeps nothing
     (``previous_response_id`` is a 400), ``memory`` keeps them in this process, ``redis`` in the
     Redis of ``limits.redis_url`` (shared by every replica)."""
 

@@ -22,9 +22,10 @@
         ├── UpstreamStatusError         the worker's own status, its message rewrapped
         └── UpstreamStreamBroken        502  the stream ended without [DONE] after the commit point
 
-Lower layers raise these (or have their own errors mapped to these at the boundary); the FastAPI
-handlers in ``install_handlers`` turn every error, including FastAPI's own validation errors and
-404/405, into ``{"error": {"message", "type", "param", "code"}}``. Mid-stream the same error becomes
+Lower layers raise these (or have their own errors mapped to these at the boundary). This module
+imports no web framework: the FastAPI handlers (``app.api.errors.install_handlers``) turn every
+error, including FastAPI's own validation errors and 404/405, into
+``{"error": {"message", "type", "param", "code"}}``. Mid-stream the same error becomes
 ``data: {"error": ...}`` followed by ``data: [DONE]``.
 
 Clients read ``client_message``: for errors about workers a generic sentence, because the detailed
@@ -33,18 +34,11 @@ Clients read ``client_message``: for errors about workers a generic sentence, be
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
 
 from app.outcomes import Outcome
-
-log = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -93,14 +87,6 @@ class GatewayError(Exception):
         if self.retry_after is None:
             return {}
         return {"Retry-After": str(self.retry_after)}
-
-    def to_response(self) -> Response:
-        return Response(
-            orjson.dumps(self.body()),
-            status_code=self.status,
-            headers=self.headers(),
-            media_type="application/json",
-        )
 
     def to_sse(self) -> bytes:
         """The error as one SSE event; the caller follows it with ``SSE_DONE``."""
@@ -158,7 +144,7 @@ class RateLimited(GatewayError):
     status = 429
     type = "rate_limit_exceeded"
     code = "rate_limit_exceeded"
-    # What the key's request rate had left when it was refused (``app.tenants.headers.Budget``,
+    # What the key's request rate had left when it was refused (``app.limits.Budget``,
     # for its rate-limit headers); None when the key has no request rate limit.
     budget: Any = None
 
@@ -333,53 +319,3 @@ _STATUS_ERRORS: dict[int, type[GatewayError]] = {
 def error_for_status(status: int, message: str) -> GatewayError:
     cls = _STATUS_ERRORS.get(status, GatewayError)
     return cls(message, status=status)
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    msg = str(first.get("msg", "invalid value"))
-    if first.get("type") == "json_invalid":
-        return "request body is not valid JSON", None
-    return (f"{param}: {msg}" if param else msg), param
-
-
-def install_handlers(app: FastAPI) -> None:
-    """Make every error response from ``app`` OpenAI-shaped."""
-
-    async def on_gateway_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, GatewayError)
-        return exc.to_response()
-
-    async def on_validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        message, param = _validation_message(exc)
-        return InvalidRequest(message, param=param).to_response()
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 404:
-            message = f"no route for {request.method} {request.url.path}"
-        elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        error = error_for_status(exc.status_code, message)
-        response = error.to_response()
-        if exc.headers:
-            response.headers.update(exc.headers)
-        return response
-
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        # Never leak internals to the client; the traceback goes to the log.
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return GatewayError("internal error").to_response()
-
-    app.add_exception_handler(GatewayError, on_gateway_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)

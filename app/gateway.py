@@ -14,10 +14,11 @@ from app.proxy.forward import Proxy
 from app.proxy.headers import FORWARDED
 from app.tenants.quota import TokenQuotas
 from app.tenants.tenant import Tenants
+from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
-    from app.responses.store import ResponseStore
+    from app.response_store import ResponseStore
     from app.tracing.otel import Tracing
 
 
@@ -28,6 +29,7 @@ class Gateway:
     settings: Settings
     pool: WorkerPool
     proxy: Proxy
+    admission: Admission  # the per-worker caps and the queue (the proxy's; read by ops)
     metrics: Metrics
     tenants: Tenants  # each key's policy: weight, priority class, quotas
     keys: KeyStore = field(default_factory=KeyStore)  # no keys: open

@@ -30,10 +30,19 @@ from typing import Any, Protocol
 
 from app.config import LimitsConfig
 from app.errors import RateLimited
-from app.tenants.headers import Budget
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One limit as the headers tell it: its size, what is left of it, and the seconds until it
+    is whole again."""
+
+    limit: int
+    remaining: int
+    reset_s: float
 
 
 @dataclass(frozen=True, slots=True)

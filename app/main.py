@@ -1,4 +1,6 @@
-"""Application factory: ``create_app(settings)`` builds everything and hangs it on ``app.state``."""
+"""Application factory: ``create_app(settings)`` builds everything and hangs it on ``app.state``:
+the gateway (``Gateway``), the door every POST of the surface registry goes through
+(``app.door``, ahead of FastAPI) and FastAPI's app for the rest."""
 
 from __future__ import annotations
 
@@ -9,10 +11,9 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, FastAPI
-from starlette.datastructures import State
+from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from app import __version__
@@ -20,20 +21,20 @@ from app.accesslog import AccessLog
 from app.api import openai, ops, responses
 from app.api import surfaces as api_surfaces
 from app.api.access import AccessMiddleware
-from app.api.request_id import RequestIdMiddleware
+from app.api.asgi import GatewayApp
+from app.api.errors import install_handlers
 from app.api.schema import openapi_document
 from app.auth import KeyStore
 from app.background import DEFAULT_BACKOFF, Backoff, supervise
 from app.config import Settings
-from app.errors import install_handlers
+from app.door.entrance import Checks, Door, checks
+from app.door.request_id import RequestIdMiddleware
 from app.gateway import Gateway
 from app.limits import make_limiter
 from app.metrics import Metrics
-from app.proxy.downstream import Receive, Send
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
-from app.proxy.ingress import serve_entry
-from app.responses.store import make_store
+from app.response_store import make_store
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
@@ -42,6 +43,8 @@ from app.tenants.tenant import Tenants
 from app.tenants.usage import UsageLog
 from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
+from app.workers.acceptance import CollapseDetector
+from app.workers.admission import Admission
 from app.workers.discovery import PDStaticDiscovery, make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
@@ -52,37 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class GatewayApp:
-    """The gateway's ASGI application. POSTs to the surface registry's routes (``app.surfaces``:
-    chat, completions, Messages...) are served in plain ASGI (``app.proxy.ingress.serve_entry``
-    with the route's ``Entry``, found by one dict lookup), ahead of FastAPI's middleware, routing
-    and dependency injection, which together cost about as much CPU per request as relaying the
-    whole answer; everything else goes to FastAPI (``api``). With CORS on, FastAPI routes those
-    POSTs too, to the same handlers, so ``CORSMiddleware`` sees them. ``state`` and ``router``
-    are FastAPI's."""
-
-    def __init__(self, api: FastAPI, gateway: Gateway, *, lane: bool) -> None:
-        self.api = api
-        self._gateway = gateway
-        self._lane = lane
-
-    @property
-    def state(self) -> State:
-        return self.api.state
-
-    @property
-    def router(self) -> APIRouter:
-        return self.api.router
-
-    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        if self._lane and scope["type"] == "http" and scope["method"] == "POST":
-            entry = BY_PATH.get(scope["path"])
-            if entry is not None:
-                await serve_entry(self._gateway, entry, scope, receive, send)
-                return
-        await self.api(scope, receive, send)
-
-
 def create_app(
     settings: Settings,
     *,
@@ -90,11 +62,13 @@ def create_app(
     rng: random.Random | None = None,
     span_exporter: SpanExporter | None = None,
     backoff: Backoff = DEFAULT_BACKOFF,
+    door_checks: Checks = checks,
 ) -> GatewayApp:
     """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
     jitter, random policies); ``span_exporter`` takes the spans instead of the configured
     exporter when tracing is on; ``backoff``: the waits before a crashed background task is
-    restarted (``app.background``)."""
+    restarted (``app.background``); ``door_checks``: the door's list of checks
+    (``app.door.entrance.checks``) for this gateway."""
     rng = rng or random.Random()
     access = AccessLog()
     pool = WorkerPool(breaker=settings.breaker, clock=clock)
@@ -108,6 +82,12 @@ def create_app(
     )
     if usage is not None:  # the billable requests' records, also as usage lines
         access.sink = usage.sink(ROUTES, lambda: keys.open)
+    admission = Admission(
+        settings.admission,
+        processes=settings.processes,
+        clock=clock,
+        deweight_collapsed=settings.routing.deweight_collapsed,
+    )
     proxy = Proxy(
         settings=settings,
         pool=pool,
@@ -119,6 +99,8 @@ def create_app(
         access_log=access,
         clock=clock,
         rng=rng,
+        admission=admission,
+        acceptance=CollapseDetector(settings.routing, lambda: pool.workers),
     )
     health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
     discovery = (
@@ -138,6 +120,7 @@ def create_app(
         settings=settings,
         pool=pool,
         proxy=proxy,
+        admission=admission,
         metrics=metrics,
         tenants=Tenants(settings.tenants),
         keys=keys,
@@ -179,8 +162,8 @@ def create_app(
                     "metrics",
                     lambda: metrics.keep_fresh(
                         lambda: pool.workers,
-                        lambda: proxy.admission.depth,
-                        saturation=lambda: proxy.admission.saturation(pool.workers),
+                        lambda: admission.depth,
+                        saturation=lambda: admission.saturation(pool.workers),
                     ),
                 )
             )
@@ -246,8 +229,9 @@ def create_app(
             max_age=600,
         )
     app.add_middleware(AccessMiddleware, gateway=gateway, routes=ROUTES)
-    app.include_router(api_surfaces.router(SURFACES))
+    door = Door(gateway, door_checks)
+    app.include_router(api_surfaces.router(door, SURFACES))
     app.include_router(openai.router)
     app.include_router(responses.router)  # GET/DELETE /v1/responses/{id}: the stored responses
     app.include_router(ops.router)
-    return GatewayApp(app, gateway, lane=not settings.cors_origins)
+    return GatewayApp(app, door, BY_PATH, lane=not settings.cors_origins)

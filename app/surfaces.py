@@ -1,14 +1,15 @@
 """The surface registry: every API the gateway serves, one line per API, one ``Entry`` per route.
 
 ``SURFACES`` is the one table of the gateway's API POST routes. Everything that depends on which
-APIs exist derives from it: the dispatch ahead of FastAPI (``app.main.GatewayApp``: one dict
-lookup per request, ``BY_PATH``), FastAPI's declaration of the routes and ``/openapi.json``
-(``app.api.surfaces``), the access log's and ``requests_total``'s ``route`` labels (``ROUTES``,
-a bounded set: the paths), the routes whose requests are billed in the usage log, and the shape
-of the errors the server's protocol answers itself (``shape_of``: ``app.server.guard``).
+APIs exist derives from it: the dispatch ahead of FastAPI (``app.api.asgi.GatewayApp``: one dict
+lookup per request, ``BY_PATH``, then the door's one list of checks, ``app.door``), FastAPI's
+declaration of the routes and ``/openapi.json`` (``app.api.surfaces``), the access log's and
+``requests_total``'s ``route`` labels (``ROUTES``, a bounded set: the paths), the routes whose
+requests are billed in the usage log, and the shape of the errors the server's protocol answers
+itself (``shape_of``, handed to ``app.server.guard``).
 
-A surface is a package (``app.anthropic`` is the model) that provides, per POST route, an
-``app.proxy.ingress.Entry``:
+A surface is a package (``app.openai``, ``app.anthropic``, ``app.responses``) that provides, per
+POST route, an ``app.door.entry.Entry``:
 
 - ``route``: the path, also its ``route`` label in metrics and the access log;
 - ``read``: the request headers its door reads (lower-case bytes; a repeated one is a 400);
@@ -22,10 +23,15 @@ A surface is a package (``app.anthropic`` is the model) that provides, per POST 
   its cost is per chunk, on the hot path), ``answer(body, request)`` (a non-streamed answer; a
   translated surface derives from ``TranslatedSurface`` and writes ``whole(doc, request)``);
 - ``limit_headers``: the names of its rate-limit headers (``app.tenants.headers``);
-- ``operation``: its ``/openapi.json`` declaration (``app.proxy.ingress.Operation``).
+- ``operation``: its ``/openapi.json`` declaration (``app.door.entry.Operation``).
 
 The package exports them as ``ENTRIES`` (a mapping, any key); adding the surface is then one line
-here: ``*package.ENTRIES.values(),``. Paths must differ (checked at import).
+here: ``*package.ENTRIES.values(),``. Paths must differ (checked at import). Every entry comes
+through the same door (``app.door.entrance``): a surface adds no check of its own.
+
+This registry sits above the surface packages and the door (which know nothing of which
+surfaces exist): ``app.main`` hands it to the door and to FastAPI, ``app.server.run`` hands
+``shape_of`` to the server's protocol.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from app.anthropic import serve as messages
-from app.proxy import ingress as openai
-from app.proxy.ingress import Entry
+from app.door.entry import Entry
+from app.openai import serve as openai
 from app.proxy.surface import OPENAI, ErrorShape
 from app.responses import serve as responses
 

@@ -31,7 +31,8 @@ STAGES = [
         "request checks: headers, key, tenant, body, validation, upstream body",
         r"^(parse_request|_openai\.|read_body|client_headers|check_media_type|check_model|"
         r"routing_key|request_id_of|key_name|Tenants\.|admit|release|_decode|_check_|_head|"
-        r"ParsedRequest\.|bearer|RoutingContext|Job\.)",
+        r"ParsedRequest\.|bearer|RoutingContext|Job\.|Visit\.|Door\._job|KeyLimits\.|_release$|"
+        r"(RequestId|Trace|Headers|Key|Tenancy|MediaType|Body|Parse|Accepting|Model)\.check$)",
     ),
     (
         "admission and routing",
@@ -54,7 +55,10 @@ STAGES = [
         r"^(HttpToolsProtocol\.|HttpConnection\.|GuardedConnection\.|RequestResponseCycle\.|"
         r"GatewayApp\.|FlowControl)",
     ),
-    ("request coroutines' own lines (serve_entry, Proxy.run...)", r"^(Proxy\.|serve_entry)"),
+    (
+        "request coroutines' own lines (serve_entry, Proxy.run...)",
+        r"^(Proxy\.|Door\.serve|serve_entry)",
+    ),
 ]
 _COMPILED = [(name, re.compile(pattern)) for name, pattern in STAGES]
 LOOP = "event loop and kernel I/O outside a request frame"

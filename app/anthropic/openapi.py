@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from app.proxy.ingress import Operation
+from app.door.entry import Operation
 
 
 class AnthropicErrorDetail(BaseModel):

@@ -50,7 +50,8 @@ import msgspec
 import orjson
 
 from app.errors import InvalidRequest
-from app.proxy.media import DEFAULT_POLICY, ImagePolicy, check_image_url
+from app.media_policy import DEFAULT_POLICY, ImagePolicy
+from app.proxy.media import check_image_url
 
 # The fields translated (the rest are dropped); count_tokens reads the first six.
 COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")

@@ -1,5 +1,5 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``, in plain ASGI like the OpenAI
-routes (``app.proxy.ingress``), with Anthropic's conventions: the API key in ``x-api-key`` or
+routes (``app.openai.serve``), with Anthropic's conventions: the API key in ``x-api-key`` or
 ``Authorization: Bearer`` (either given twice is a 400), any ``anthropic-version``, and every
 error in Anthropic's shape (``app.anthropic.shape``), those found before the proxy runs too.
 
@@ -24,10 +24,10 @@ from app.anthropic.request import COUNTED, load, translate
 from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
+from app.door.entry import Entry
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
-from app.proxy.ingress import Entry
-from app.proxy.media import image_policy
+from app.media_policy import image_policy
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER

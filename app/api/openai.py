@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.api.deps import GatewayDep
-from app.api.schema import error_responses
 from app.api.security import ClientKey
 from app.errors import ModelNotFound
 from app.gateway import Gateway
+from app.openai.schema import error_responses
 
 router = APIRouter()
 

@@ -3,7 +3,7 @@ and the reachability probes coding agents send before their first request (``HEA
 ``HEAD /api/hello``: Claude Code's), answered 200 with no body.
 
 Probes never need an API key; ``/metrics`` and ``/workers`` do when API keys are configured, unless
-``auth.protect_ops`` is false (``app.api.security.ops_key_of``).
+``auth.protect_ops`` is false (``app.door.keys.ops_key_of``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def readyz(gw: GatewayDep) -> Response:
 
 def exposition(gw: Gateway) -> bytes:
     """The Prometheus text: request metrics plus the pool's state read at scrape time."""
-    workers, admission = gw.pool.workers, gw.proxy.admission
+    workers, admission = gw.pool.workers, gw.admission
     gw.metrics.observe_pool(workers, admission.depth, admission.saturation(workers))
     return gw.metrics.render()
 
@@ -74,8 +74,8 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
             "prefill_sides_running": len(pd.tasks),
         },
         "draining": gw.draining,
-        "queued": gw.proxy.admission.depth,
-        "saturation": gw.proxy.admission.saturation(gw.pool.workers),
+        "queued": gw.admission.depth,
+        "saturation": gw.admission.saturation(gw.pool.workers),
         "workers": [
             {
                 "name": w.name,
@@ -89,7 +89,7 @@ async def workers(gw: GatewayDep) -> dict[str, Any]:
                 "models": list(w.models),
                 "in_flight": w.in_flight,
                 "capacity": {
-                    "admission_cap": gw.proxy.admission.cap(w),
+                    "admission_cap": gw.admission.cap(w),
                     "max_running_requests": w.load.max_running_requests,
                     "max_total_num_tokens": w.load.max_total_num_tokens,
                     "context_length": w.context_length,

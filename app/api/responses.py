@@ -1,6 +1,6 @@
 """``GET``/``DELETE /v1/responses/{response_id}`` (``POST /v1/responses`` is a row of the surface
 registry, ``app.surfaces``, declared with the others by ``app.api.surfaces``): they read the
-response store (``app.responses.store``) under the caller's key: 404 for a response that is not
+response store (``app.response_store``) under the caller's key: 404 for a response that is not
 stored, stored under another key, expired, or when no store is configured."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from app.api.deps import GatewayDep
-from app.api.schema import error_responses
 from app.api.security import ClientKey
 from app.errors import NotFound
+from app.openai.schema import error_responses
 
 router = APIRouter()
 

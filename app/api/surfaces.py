@@ -1,7 +1,7 @@
 """Every API POST route of the surface registry (``app.surfaces``) as FastAPI sees it: declared
 for ``/openapi.json`` (each ``Entry``'s ``operation``), 405 for other methods, and served here in
-the CORS case; otherwise ``app.main.GatewayApp`` serves those POSTs itself, ahead of FastAPI
-(``app.proxy.ingress.serve_entry``), with the same code."""
+the CORS case; otherwise ``app.api.asgi.GatewayApp`` hands those POSTs to the door itself, ahead
+of FastAPI, with the same code (``app.door.entrance.Door.serve``)."""
 
 from __future__ import annotations
 
@@ -11,36 +11,35 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.api.deps import GatewayDep
-from app.gateway import Gateway
+from app.door.entrance import Door
+from app.door.entry import Entry
 from app.proxy.downstream import Receive, Send
-from app.proxy.ingress import Entry, serve_entry
 
 
 class LaneResponse(Response):
-    """A request of the plain-ASGI lane (``app.proxy.ingress.serve_entry``) that FastAPI routed
-    (the CORS case): answered by the same code, as FastAPI's response."""
+    """A request of the door that FastAPI routed (the CORS case): answered by the same code, as
+    FastAPI's response."""
 
-    def __init__(self, gw: Gateway, entry: Entry) -> None:
-        super().__init__()  # status and headers are decided by serve_entry
-        self._gw = gw
+    def __init__(self, door: Door, entry: Entry) -> None:
+        super().__init__()  # status and headers are decided by the door
+        self._door = door
         self._entry = entry
 
     async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
-        await serve_entry(self._gw, self._entry, scope, receive, send)
+        await self._door.serve(self._entry, scope, receive, send)
 
 
-def router(entries: Iterable[Entry]) -> APIRouter:
-    """A router declaring each entry's POST route."""
+def router(door: Door, entries: Iterable[Entry]) -> APIRouter:
+    """A router declaring each entry's POST route, served by ``door``."""
     routes = APIRouter()
     for entry in entries:
-        _declare(routes, entry)
+        _declare(routes, door, entry)
     return routes
 
 
-def _declare(routes: APIRouter, entry: Entry) -> None:
-    async def endpoint(request: Request, gw: GatewayDep) -> Response:
-        return LaneResponse(gw, entry)
+def _declare(routes: APIRouter, door: Door, entry: Entry) -> None:
+    async def endpoint(request: Request) -> Response:
+        return LaneResponse(door, entry)
 
     operation = entry.operation
     endpoint.__name__ = operation.name

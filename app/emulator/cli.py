@@ -22,7 +22,7 @@ from app.emulator.engine import Timing
 from app.emulator.faults import COLLAPSED_ACCEPT_LENGTH, Faults
 from app.emulator.profiles import PROFILE_NAMES
 from app.emulator.worker import DEFAULT_MODEL, DEFAULT_PORT, EmulatorConfig
-from app.server.sockets import listen
+from app.sockets import listen
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

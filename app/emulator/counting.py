@@ -7,12 +7,11 @@ chat request with those fields reports (a continued prefix's tokens included, co
 generation that would continue it counts them: ``app.emulator.generation``). The emulator has no
 vocabulary: ``tokens`` are placeholders (0 .. N-1); the count is what it answers for.
 
-``/v1/messages/count_tokens``, as SGLang serves it: as SGLang serves it: the Messages
-body is converted to the chat request it stands for (SGLang's own converter; here the gateway's
-translator, ``app.anthropic.request``, which maps the same fields), the chat prompt is rendered
-and its tokens counted (the emulator's estimate: ``GenRequest.prompt_tokens``, the same figure
-its chat answers report as ``prompt_tokens``). Answer: ``{"input_tokens": N}``; a body it cannot
-convert is a 400 in Anthropic's error shape, as SGLang answers on this route."""
+``/v1/messages/count_tokens``, as SGLang serves it: the Messages body is converted to the chat
+request it stands for (``messages.py``, as SGLang's own Messages endpoint converts it), the chat
+prompt is rendered and its tokens counted (the emulator's estimate: ``GenRequest.prompt_tokens``,
+the same figure its chat answers report as ``prompt_tokens``). Answer: ``{"input_tokens": N}``;
+a body it cannot convert is a 400 in Anthropic's error shape, as SGLang answers on this route."""
 
 from __future__ import annotations
 
@@ -20,26 +19,20 @@ from typing import Any
 
 import orjson
 
-from app.anthropic.request import translate
 from app.emulator.asgi import Receive, Scope, Send, read_body, respond_json
 from app.emulator.generation import Generation
+from app.emulator.messages import to_chat
 from app.emulator.requests import CHARS_PER_TOKEN, RequestError, parse_chat
 from app.emulator.session import pick_profile, request_rng
 from app.emulator.worker import CONTEXT_LEN, Worker
-from app.errors import InvalidRequest
-
-_NO_LIMIT = 1 << 30
 
 
 async def count_tokens(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
     try:
         body: Any = orjson.loads(await read_body(receive))
-        if not isinstance(body, dict):
-            raise RequestError("The request body must be a JSON object.")
-        chat = translate(body, max_messages=_NO_LIMIT, count_only=True).chat
-        tokens = parse_chat(chat).prompt_tokens
-    except (RequestError, InvalidRequest, ValueError) as exc:
-        message = exc.message if isinstance(exc, RequestError | InvalidRequest) else str(exc)
+        tokens = parse_chat(to_chat(body)).prompt_tokens
+    except (RequestError, ValueError) as exc:
+        message = exc.message if isinstance(exc, RequestError) else str(exc)
         error = {"type": "invalid_request_error", "message": message}
         await respond_json(send, 400, {"type": "error", "error": error})
         return

@@ -1,7 +1,7 @@
 """The request path: one completion request from the client's bytes to the worker and back.
 
-ingress.py     serve(): request id, API key, per-key limits, body, validation (request.py),
-               model check, then the proxy; client headers split by headers.py
+request.py     the few fields the gateway reads (app.door parses each request with it);
+               client headers split by headers.py
 forward.py     Proxy: pick a worker, admit, attempt, retry before the commit point, record
 supervisor.py  client disconnects, keep-alives and deadlines for one request
 relay.py       the worker's response out to the client, observed in passing

@@ -26,11 +26,10 @@ and the last upstream chunk.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.errors import (
     UpstreamConnectError,
@@ -39,6 +38,7 @@ from app.errors import (
     UpstreamTimeout,
 )
 from app.outcomes import Outcome
+from app.proxy.scope import Ended, Scope
 from app.upstream.client import UpstreamResponse
 from app.upstream.sse import Usage
 from app.workers.worker import Verdict, Worker
@@ -46,84 +46,24 @@ from app.workers.worker import Verdict, Worker
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from app.proxy.supervisor import Supervisor
-
 Abort = Callable[[Worker, str], Coroutine[Any, Any, None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
-class Ended(Exception):
-    """A ``Scope`` was ended from outside; raised where the block ends, with the reason."""
+class Watch(Protocol):
+    """What an attempt needs of whoever watches its deadlines (the request's ``Supervisor``):
+    the clock and the deadlines it counts, and to be told when the attempt begins, when the
+    worker's response begins and when the attempt is over."""
 
-    def __init__(self, reason: Outcome) -> None:
-        super().__init__(reason.value)
-        self.reason = reason
+    clock: Callable[[], float]
+    first_byte_s: float
+    idle_s: float
 
+    def begin(self, attempt: Attempt) -> None: ...
 
-class Scope:
-    """A block of a request's work that a deadline or the client leaving ends from outside, at
-    whatever the block awaits: ``end(reason)`` makes the block raise ``Ended(reason)`` where it
-    ends. A cancellation from anywhere else (the server shutting down) passes through unchanged.
-    Ending a scope that is not running (not yet entered, or already left) does nothing.
+    def responded(self) -> None: ...
 
-    What ``asyncio.Timeout`` does at its deadline, without the deadline: ``end`` has the task
-    running the block cancelled (from the event loop, as a timer would: never in the midst of the
-    code that called ``end``), and on the way out the block's own cancellation (counted by
-    ``Task.cancel``/``uncancel``) becomes ``Ended``; any other one is left as it is. Entering and
-    leaving cost a few attribute writes and no timer."""
-
-    __slots__ = ("_cancelled", "_cancelling", "_pending", "_task", "reason")
-
-    def __init__(self) -> None:
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        self._pending: asyncio.Handle | None = None  # the cancel, scheduled by ``end``
-        self._cancelled = False  # the cancel was made
-        self.reason: Outcome | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._task is not None
-
-    async def __aenter__(self) -> Scope:
-        task = asyncio.current_task()
-        assert task is not None, "a Scope runs inside a task"
-        assert self.reason is None and not self._cancelled, "a Scope is entered once"
-        self._task, self._cancelling = task, task.cancelling()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        assert task is not None
-        if self._pending is not None:  # ended, and left before the cancel was made
-            self._pending.cancel()
-            self._pending = None
-        # The block's own cancellation: taken back whatever the block raised, and turned into
-        # ``Ended`` unless another cancellation is pending too.
-        mine = self._cancelled and task.uncancel() <= self._cancelling
-        if mine and exc_type is asyncio.CancelledError:
-            raise Ended(self.reason or Outcome.CANCELLED) from None
-
-    def end(self, reason: Outcome) -> bool:
-        """End the block (the first reason wins). False if it is not running or already ended."""
-        task = self._task
-        if task is None or self.reason is not None:
-            return False
-        self.reason = reason
-        self._pending = task.get_loop().call_soon(self._cancel)
-        return True
-
-    def _cancel(self) -> None:
-        self._pending = None
-        task = self._task
-        if task is not None:
-            self._cancelled = True
-            task.cancel()
+    def finish(self, attempt: Attempt) -> None: ...
 
 
 @dataclass(slots=True)
@@ -169,7 +109,7 @@ class Attempt:
         self,
         worker: Worker,
         rid: str,
-        sup: Supervisor,
+        sup: Watch,
         *,
         abort: Abort,
         spawn: Spawn,

@@ -38,13 +38,14 @@ from app.errors import (
 )
 from app.metrics import Metrics
 from app.outcomes import Outcome
-from app.proxy.attempt import Attempt, Ended
+from app.proxy.attempt import Attempt
 from app.proxy.direct import DirectBody
 from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.pd import Disaggregation, Pair
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
 from app.proxy.resume import ContinuedUsage, Resume, Stream, continuation_body
+from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
 from app.routing.policies import Policy, RoutingContext
@@ -108,7 +109,12 @@ class Proxy:
         access_log: AccessLog,
         clock: Clock,
         rng: random.Random,
+        admission: Admission,
+        acceptance: CollapseDetector,
     ) -> None:
+        """``admission``: the per-worker caps and the queue before them; ``acceptance``: the
+        collapse detector each answered request's acceptance length feeds (both built by
+        ``create_app``, which also hands ``admission`` to the ops endpoints)."""
         self._settings = settings
         self._pool = pool
         self._policy = policy
@@ -120,13 +126,8 @@ class Proxy:
         self._background: set[asyncio.Task[Any]] = set()
         # SGLang's ``priority`` field on every upstream body (the workers schedule by it).
         self._send_priority = settings.workers.priority_scheduling
-        self.admission = Admission(
-            settings.admission,
-            processes=settings.processes,
-            clock=clock,
-            deweight_collapsed=settings.routing.deweight_collapsed,
-        )
-        self.acceptance = CollapseDetector(settings.routing, lambda: pool.workers)
+        self.admission = admission
+        self.acceptance = acceptance
         # Prefill/decode disaggregation (app.proxy.pd): None for whole workers.
         self.pd: Disaggregation | None = None
         if settings.pd.disaggregation:

@@ -32,23 +32,20 @@ over any allowed scheme even when it is private; ``*`` allows every URL.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
 from app.errors import InvalidRequest
+from app.media_policy import HOST_NAME, SCHEME_ENTRY, ImagePolicy
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-DEFAULT_SCHEMES = frozenset({"data", "https"})
 _INTERNAL_SUFFIXES = (
     ".localhost",
     ".local",
@@ -59,64 +56,12 @@ _INTERNAL_SUFFIXES = (
     ".home.arpa",
     ".svc",
 )
-_HOST_NAME = re.compile(r"[a-z0-9-]+(?:\.[a-z0-9-]+)*\.?")
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
-_SCHEME_ENTRY = re.compile(r"[a-z][a-z0-9+.-]*:")
 _LEGACY_IPV4 = re.compile(r"[0-9a-fx.]+")
 # The content parts whose URL a worker fetches.
 MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 MARKER = b'_url"'  # in every part's key: a body without it has no media URL at all
 _MARKER = re.compile(re.escape(MARKER))  # searches a buffer without copying it
-
-
-@dataclass(frozen=True, slots=True)
-class ImagePolicy:
-    """The media URLs a request may send (see the module doc)."""
-
-    schemes: frozenset[str] = DEFAULT_SCHEMES
-    names: frozenset[str] = frozenset()  # hosts allowed whatever they are
-    suffixes: tuple[str, ...] = ()  # ``*.suffix`` patterns, as ``.suffix``
-    networks: tuple[IPNetwork, ...] = ()  # addresses allowed though private
-    any_url: bool = False  # ``*``: no check at all
-
-
-DEFAULT_POLICY = ImagePolicy()
-
-
-@functools.cache
-def image_policy(allow: tuple[str, ...]) -> ImagePolicy:
-    """The policy for ``limits.image_url_allow`` entries (built once per set of entries); a
-    ``ValueError`` for an entry that is none of the forms in the module doc."""
-    if not allow:
-        return DEFAULT_POLICY
-    schemes, names, suffixes, networks = set(DEFAULT_SCHEMES), set(), [], []
-    any_url = False
-    for raw in allow:
-        entry = raw.strip().lower()
-        if entry == "*":
-            any_url = True
-        elif _SCHEME_ENTRY.fullmatch(entry):
-            schemes.add(entry[:-1])
-        elif entry.startswith("*."):
-            suffix = entry[1:].rstrip(".")
-            if not _HOST_NAME.fullmatch(suffix[1:]):
-                raise ValueError(f"{raw!r} is not a host pattern")
-            suffixes.append(suffix)
-        else:
-            try:
-                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
-                continue
-            except ValueError:
-                pass
-            if not _HOST_NAME.fullmatch(entry):
-                raise ValueError(
-                    f"{raw!r} is neither a scheme (http:), a host (name, *.suffix) nor an "
-                    "address or network"
-                )
-            names.add(entry.rstrip("."))
-    return ImagePolicy(
-        frozenset(schemes), frozenset(names), tuple(suffixes), tuple(networks), any_url
-    )
 
 
 def _refuse(field: str, why: str) -> InvalidRequest:
@@ -130,7 +75,7 @@ def check_image_url(url: Any, policy: ImagePolicy, field: str) -> None:
     if policy.any_url:
         return
     scheme, colon, _ = url.partition(":")
-    if not colon or not _SCHEME_ENTRY.fullmatch(scheme.lower() + ":"):
+    if not colon or not SCHEME_ENTRY.fullmatch(scheme.lower() + ":"):
         raise _refuse(field, "must be a data: URL or an https: URL")
     if scheme != scheme.lower():
         raise _refuse(field, f"the scheme must be written in lower case ({scheme.lower()}:)")
@@ -169,7 +114,7 @@ def _host_allowed(host: str, policy: ImagePolicy) -> bool:
         host.endswith(suffix) or host == suffix[1:] for suffix in policy.suffixes
     ):
         return True
-    if not _HOST_NAME.fullmatch(host):  # percent-encoding, unicode, stray characters
+    if not HOST_NAME.fullmatch(host):  # percent-encoding, unicode, stray characters
         return False
     return "." in host and host != "localhost" and not host.endswith(_INTERNAL_SUFFIXES)
 

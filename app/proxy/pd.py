@@ -31,6 +31,7 @@ from app.metrics import Metrics
 from app.outcomes import Outcome
 from app.routing.policies import Policy, RoutingContext, make_policy, make_prefill_policy
 from app.upstream.client import UpstreamClient, UpstreamResponse, map_transport_error
+from app.upstream.client import Worker as Upstream
 from app.upstream.errors import TransportError
 from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
@@ -195,7 +196,7 @@ class Pair:
 
     async def open(
         self,
-        worker: Worker,
+        worker: Upstream,
         path: str,
         body: bytes | Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],

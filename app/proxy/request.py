@@ -32,6 +32,7 @@ import orjson
 
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.media_policy import image_policy
 from app.proxy.bounds import choices, patch_max_tokens
 from app.proxy.fields import (
     ABSENT,
@@ -42,7 +43,7 @@ from app.proxy.fields import (
     capped,
     schema_for,
 )
-from app.proxy.media import MARKER, check_chat_media, image_policy
+from app.proxy.media import MARKER, check_chat_media
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 

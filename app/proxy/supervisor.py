@@ -6,7 +6,7 @@ own), so the relay itself carries no per-chunk timers: it notices the client goi
 enforces the first-byte / idle / total deadlines. It ends things through the objects that own
 them: a first-byte or idle deadline ends the running ``Attempt`` (aborted on its worker, then
 stopped: it fails like any attempt); the total deadline or the client leaving aborts the running
-attempt on its worker and then ends the request's ``scope`` (``app.proxy.attempt.Scope``), which
+attempt on its worker and then ends the request's ``scope`` (``app.proxy.scope.Scope``), which
 raises ``Ended`` with the reason where the proxy runs it. Once the request was written the worker
 hears "abort" before its connection drops.
 
@@ -31,8 +31,9 @@ from typing import Any
 
 from app.config import TimeoutConfig
 from app.outcomes import Outcome
-from app.proxy.attempt import Attempt, Scope
+from app.proxy.attempt import Attempt
 from app.proxy.downstream import Clock, Downstream, Message, Receive
+from app.proxy.scope import Scope
 
 log = logging.getLogger(__name__)
 

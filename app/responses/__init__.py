@@ -12,5 +12,5 @@ grammar. The answer comes back translated: a whole chat completion into a Respon
 (``response.py``), a chat stream event by event into the Responses event grammar (``stream.py``).
 Whole errors take OpenAI's error shape; a failure after the stream began ends it with
 ``response.failed`` (``serve.py``). Stored responses (``previous_response_id``, ``GET``/``DELETE``)
-live in ``store.py`` when ``responses.store`` is configured; stateless otherwise.
+live in ``app.response_store`` when ``responses.store`` is configured; stateless otherwise.
 """

@@ -4,7 +4,7 @@ in OpenAI's error shape, after it as ``response.failed`` (``ResponsesShape``), `
 comments while the worker is silent (every SSE client skips comments).
 
 A request is read (``app.responses.request.load``), its ``previous_response_id`` looked up in
-the store under the caller's key (``app.responses.store``), translated, then parsed as the chat
+the store under the caller's key (``app.response_store``), translated, then parsed as the chat
 request it became (``app.proxy.request``: the body cap, ``max_messages``, the ``max_tokens``
 cap, the routing key) and run by the proxy like any chat request, with a ``ResponsesSurface``
 made for it: unlike the Messages surface it carries the request's state (the response id, the
@@ -19,15 +19,15 @@ from typing import Any
 
 import orjson
 
-from app.api.schema import completion_responses
+from app.door.entry import Entry, Operation, bearer
 from app.errors import GatewayError, InvalidRequest
 from app.gateway import Gateway
-from app.proxy.ingress import Entry, Operation, bearer
+from app.openai.schema import completion_responses
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
+from app.response_store import ResponseStore, fetch
 from app.responses.request import load, translate
 from app.responses.response import Context, assistant_turn, to_response
-from app.responses.store import ResponseStore, fetch
 from app.responses.stream import ResponsesStream
 from app.routing.keys import SESSION_HEADER
 from app.tenants.headers import openai_headers

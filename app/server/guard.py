@@ -20,21 +20,20 @@ would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a proto
   arrive (``HttpConnection.head_size``): a header line that never ends is refused once it passes
   the limit, not buffered, and the verdict does not depend on how the head was split into reads.
 
-Over a limit the client gets a 408, 431 or 503 (JSON in the shape of the target's API, from the
-surface registry ``app.surfaces``, OpenAI's for any other path; ``Connection: close``, an
-``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response already
-under way is left to finish (the request's own: no second answer; an earlier pipelined one's:
-the refusal follows it, never in its midst). An unparsable request
-gets a 400 the same way. Each such answer is reported (``Report``: an access-log line and
-``requests_total``), and only there: the stopped request's application records nothing
-(``ResponseLane.stopped``). A connection on which no request began is closed without an answer
-(a client that opened it early must not read a 408 as the answer to the request it sends later).
-Every response has a write deadline too: once its bytes wait in the connection's write buffer
-(over the buffer's high-water mark, or left there when the response or refusal ended), the client
-must take some within ``write_s``, and again within each ``write_s`` after, or the connection is
-closed at once (what is buffered dropped) and counted (``stalled``): a client that never reads
-cannot pin a connection slot, a request task or the buffered bytes. A started stream is left to
-its relay's own slow-reader guard (``timeouts.idle_s``).
+Over a limit the client gets a 408, 431 or 503 (JSON in the shape of the target's API: ``Shape``,
+handed in by ``app.server.run`` from the surface registry, OpenAI's by default; ``Connection:
+close``, an ``X-Request-Id``) if nothing was answered yet, and the connection is closed; a response
+already under way is left to finish (the request's own: no second answer; an earlier pipelined
+one's: the refusal follows it, never in its midst). An unparsable request gets a 400 the same way.
+Each such answer is reported (``Report``: an access-log line and ``requests_total``), and only
+there: the stopped request's application records nothing (``ResponseLane.stopped``). A connection on
+which no request began is closed without an answer (a client that opened it early must not read a
+408 as the answer to the request it sends later). Every response has a write deadline too: once its
+bytes wait in the connection's write buffer (over the buffer's high-water mark, or left there when
+the response or refusal ended), the client must take some within ``write_s``, and again within each
+``write_s`` after, or the connection is closed at once (what is buffered dropped) and counted
+(``stalled``): a client that never reads cannot pin a connection slot, a request task or the
+buffered bytes. A started stream is left to its relay's own slow-reader guard (``timeouts.idle_s``).
 
 The cost is one timer per request phase left unfinished by a read (``loop.call_at``; none for a
 request that arrives whole), one per response whose bytes the client has not taken yet (none when
@@ -61,9 +60,9 @@ from app.errors import (
     ServiceUnavailable,
 )
 from app.proxy.direct import EXTENSION
+from app.proxy.surface import OPENAI, ErrorShape
 from app.server.lane import ResponseLane
 from app.server.uvicorn_adapter import HttpConnection
-from app.surfaces import shape_of
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +75,8 @@ _REASONS = {
 
 # (request target as parsed so far, request id, the answer): one refused request.
 Report = Callable[[bytes, str, GatewayError], None]
+# The error shape of a request target's API (its path's).
+Shape = Callable[[bytes], ErrorShape]
 
 
 def _no_report(target: bytes, request_id: str, error: GatewayError) -> None:
@@ -84,6 +85,10 @@ def _no_report(target: bytes, request_id: str, error: GatewayError) -> None:
 
 def _no_count() -> None:
     pass
+
+
+def _openai(target: bytes) -> ErrorShape:
+    return OPENAI
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,7 @@ class GuardedConnection(HttpConnection):
     limits = GuardLimits(header_s=10.0, body_s=60.0, max_header_bytes=64 * 1024)
     report: Report = staticmethod(_no_report)
     stalled: Callable[[], None] = staticmethod(_no_count)  # a connection closed by write_s
+    shape: Shape = staticmethod(_openai)  # the error shape of a refusal, by request target
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -262,12 +268,13 @@ class GuardedConnection(HttpConnection):
             return
         request_id = os.urandom(16).hex()
         self.report(self.target(), request_id, error)
-        self.respond_and_close(_raw_response(error, request_id, self.target()))
+        target = self.target()
+        self.respond_and_close(_raw_response(error, request_id, self.shape(target)))
 
 
-def _raw_response(error: GatewayError, request_id: str, target: bytes = b"") -> bytes:
-    """The whole answer, its body in the shape of the API the target belongs to."""
-    body = shape_of(target).error_json(error)
+def _raw_response(error: GatewayError, request_id: str, shape: ErrorShape = OPENAI) -> bytes:
+    """The whole answer, its body in ``shape`` (that of the API the target belongs to)."""
+    body = shape.error_json(error)
     reason = _REASONS.get(error.status, b"Error")
     extra = b"".join(
         b"%s: %s\r\n" % (k.lower().encode("latin-1"), v.encode("latin-1"))
@@ -290,10 +297,12 @@ def guarded_protocol(
     limits: GuardLimits,
     report: Report | None = None,
     stalled: Callable[[], None] | None = None,
+    shape: Shape | None = None,
 ) -> type[GuardedConnection]:
     """The protocol class with these limits, for ``uvicorn.Config(http=...)``; ``report`` hears
     of every request it answers itself, ``stalled`` of every connection closed because its
-    client took no response bytes for ``write_s``."""
+    client took no response bytes for ``write_s``; ``shape`` gives the error shape of a request
+    target's API (OpenAI's when not given)."""
 
     class Guarded(GuardedConnection):
         pass
@@ -304,4 +313,6 @@ def guarded_protocol(
         Guarded.report = staticmethod(report)
     if stalled is not None:
         Guarded.stalled = staticmethod(stalled)
+    if shape is not None:
+        Guarded.shape = staticmethod(shape)
     return Guarded

@@ -18,10 +18,10 @@ import orjson
 import uvicorn
 
 from app.accesslog import AccessRecord
-from app.api.access import NO_MODEL, REJECTED
 from app.api.ops import exposition
-from app.api.request_id import request_id_of
-from app.api.security import ops_key_of
+from app.door.keys import ops_key_of
+from app.door.reject import NO_MODEL, REJECTED
+from app.door.request_id import request_id_of
 from app.errors import GatewayError, MethodNotAllowed, NotFound
 from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE, OTHER

@@ -23,17 +23,17 @@ import orjson
 import uvicorn
 
 from app.accesslog import configure_logging
-from app.api.access import refusals
 from app.config import Settings
+from app.door.reject import refusals
 from app.gateway import Gateway
 from app.main import create_app
 from app.server.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.server.guard import GuardedConnection, GuardLimits, guarded_protocol
 from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
-from app.server.sockets import listen, listen_shared
 from app.server.uvicorn_adapter import Server
-from app.surfaces import ROUTES
+from app.sockets import listen, listen_shared
+from app.surfaces import ROUTES, shape_of
 from app.tenants.usage import process_path
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,10 @@ def guarded(gateway: Gateway, settings: Settings) -> type[GuardedConnection]:
         write_s=settings.timeouts.client_write_s,
     )
     return guarded_protocol(
-        limits, refusals(gateway, ROUTES), gateway.metrics.record_client_write_timeout
+        limits,
+        refusals(gateway, ROUTES),
+        gateway.metrics.record_client_write_timeout,
+        shape_of,
     )
 
 
@@ -174,6 +177,9 @@ def uvicorn_config(
     return uvicorn.Config(
         app,
         http=protocol,
+        # ASGI 3, said rather than guessed: the gateway's app returns its coroutine from a plain
+        # __call__ (app.api.asgi), which uvicorn's guess would take for ASGI 2.
+        interface="asgi3",
         lifespan="on",
         access_log=False,
         # X-Forwarded-* would only rewrite scope["client"], which the gateway never reads.

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from app.limits import Budget
 
 Headers = list[tuple[bytes, bytes]]
 # Every name, for CORS's expose list (browsers show scripts no other response header).
@@ -32,16 +33,6 @@ RATE_LIMIT_HEADERS = tuple(
     for kind in ("requests", "tokens")
     for part in ("limit", "remaining", "reset")
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """One limit as the headers tell it: its size, what is left of it, and the seconds until it
-    is whole again."""
-
-    limit: int
-    remaining: int
-    reset_s: float
 
 
 # Renders a request's (requests, tokens) budgets; None: the key has no limit of that kind.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -45,11 +45,59 @@ from app.tracing.config import TracingConfig
 
 if TYPE_CHECKING:
     from app.accesslog import AccessRecord
-    from app.proxy.attempt import Attempt
-    from app.proxy.forward import Job
 
 Clock = Callable[[], float]
 Headers = list[tuple[bytes, bytes]]
+
+
+# What the spans read of the proxy's request (``app.proxy.forward.Job``) and of one attempt
+# (``app.proxy.attempt.Attempt``): the proxy sits above tracing and hands itself in.
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Tally(Protocol):
+    @property
+    def first_at(self) -> float | None: ...
+
+
+class Attempt(Protocol):
+    @property
+    def worker(self) -> _Named: ...
+
+    @property
+    def rid(self) -> str: ...
+
+    @property
+    def started(self) -> float: ...
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def outcome(self) -> Outcome: ...
+
+    @property
+    def tally(self) -> _Tally: ...
+
+
+class _Attempts(Protocol):
+    @property
+    def attempts(self) -> int: ...
+
+
+class Job(Protocol):
+    @property
+    def queue_wait_s(self) -> float: ...
+
+    @property
+    def headers(self) -> Headers: ...
+
+    @property
+    def record(self) -> _Attempts: ...
+
+
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
 _PROPAGATOR = TraceContextTextMapPropagator()

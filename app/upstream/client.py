@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 import orjson
@@ -33,7 +33,18 @@ from app.upstream.errors import (
 )
 from app.upstream.http1 import Http1Client, Http1Response
 from app.upstream.sse import reported_count
-from app.workers.worker import Worker
+
+
+class Worker(Protocol):
+    """What the client needs of a worker (``app.workers.worker.Worker`` is one): where it
+    listens, and the name its errors use."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
 
 # What ``UpstreamClient.open`` returns.
 UpstreamResponse: TypeAlias = Http1Response

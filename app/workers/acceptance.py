@@ -21,13 +21,29 @@ a while; the gauge takes the largest (any process that sees the collapse reports
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from app.routing.config import RoutingConfig
 from app.workers.worker import Worker
 
 
+class CollapseSettings(Protocol):
+    """The detector's settings (``routing.*``, ``app.routing.config.RoutingConfig``)."""
+
+    @property
+    def collapse_ratio(self) -> float: ...
+
+    @property
+    def collapse_clear_ratio(self) -> float: ...
+
+    @property
+    def collapse_min_samples(self) -> int: ...
+
+    @property
+    def collapse_ewma_alpha(self) -> float: ...
+
+
 class CollapseDetector:
-    def __init__(self, config: RoutingConfig, workers: Callable[[], Iterable[Worker]]) -> None:
+    def __init__(self, config: CollapseSettings, workers: Callable[[], Iterable[Worker]]) -> None:
         self._config = config
         self._workers = workers
 

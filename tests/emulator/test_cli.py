@@ -8,7 +8,7 @@ import pytest
 
 from app.__main__ import build_parser
 from app.emulator.cli import config_from_args
-from app.server.sockets import listen
+from app.sockets import listen
 
 
 def test_defaults() -> None:

@@ -20,13 +20,14 @@ from app.accesslog import AccessLog, AccessRecord
 from app.config import Settings
 from app.metrics import Metrics
 from app.outcomes import Outcome
-from app.proxy.attempt import Ended, Scope
 from app.proxy.forward import Job, Proxy
 from app.proxy.request import Route, parse_request
 from app.routing.policies import RoutingContext
 from app.tenants.config import TenantsConfig
 from app.tenants.tenant import Tenants
 from app.upstream.client import UpstreamClient
+from app.workers.acceptance import CollapseDetector
+from app.workers.admission import Admission
 from app.workers.breaker import CircuitBreaker
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker, WorkerState
@@ -204,6 +205,8 @@ class Rig:
             access_log=AccessLog(),
             clock=self.clock,
             rng=random.Random(7),
+            admission=Admission(self.settings.admission, clock=self.clock),
+            acceptance=CollapseDetector(self.settings.routing, lambda: self.pool.workers),
         )
 
     def job(self) -> Job:
@@ -434,44 +437,3 @@ async def test_server_shutdown_still_cancels_and_ends_the_stream_in_band(
     assert worker.aborted == worker.rids and len(worker.rids) == 1
     assert rig.breakers[worker.url].heard == ["attempt", "released"]
     assert _logged(access)["outcome"] is Outcome.SHUTDOWN
-
-
-async def test_a_scope_ends_only_while_it_runs_and_keeps_the_first_reason() -> None:
-    scope = Scope()
-    assert not scope.end(Outcome.TIMEOUT)  # not entered yet: nothing to end
-
-    async def block() -> None:
-        async with scope:
-            assert scope.end(Outcome.CLIENT_DISCONNECT)
-            assert not scope.end(Outcome.UPSTREAM_TIMEOUT)
-            await asyncio.sleep(3600)
-
-    with pytest.raises(Ended) as ended:
-        await block()
-    assert ended.value.reason is Outcome.CLIENT_DISCONNECT
-    assert not scope.end(Outcome.TIMEOUT)  # left: nothing to end
-
-
-async def test_a_scope_its_own_block_ended_and_left_leaves_no_cancellation_behind() -> None:
-    scope = Scope()
-    async with scope:
-        assert scope.end(Outcome.TIMEOUT)  # the block ends before the end takes effect
-    await asyncio.sleep(0)  # the request goes on: nothing left pending to cancel it here
-    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
-
-
-async def test_a_cancellation_from_elsewhere_passes_through_an_ended_scope() -> None:
-    scope = Scope()
-    entered = asyncio.Event()
-
-    async def block() -> None:
-        async with scope:
-            entered.set()
-            await asyncio.sleep(3600)
-
-    task = asyncio.create_task(block())
-    await entered.wait()
-    assert scope.end(Outcome.CLIENT_DISCONNECT)
-    task.cancel()  # the server shutting down at the same moment
-    with pytest.raises(asyncio.CancelledError):
-        await task

@@ -12,7 +12,8 @@ import pytest
 
 from app.config import Settings
 from app.errors import InvalidRequest
-from app.proxy.media import DEFAULT_POLICY, check_image_url, image_policy
+from app.media_policy import DEFAULT_POLICY, image_policy
+from app.proxy.media import check_image_url
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness
 
 CHAT = "/v1/chat/completions"

@@ -9,6 +9,7 @@ import pytest
 from app.config import LimitsConfig
 from app.errors import RateLimited
 from app.limits import (
+    Budget,
     KeyLimits,
     LocalLimiter,
     RedisLimiter,
@@ -16,7 +17,6 @@ from app.limits import (
     TokenBucket,
     make_limiter,
 )
-from app.tenants.headers import Budget
 from tests.support.procs import PYTHON, free_port
 from tests.support.tools import ROOT
 

@@ -39,7 +39,7 @@ from app.config import Settings
 from app.main import create_app
 from app.proxy.direct import EXTENSION
 from app.server.run import guarded, uvicorn_config
-from app.server.sockets import listen
+from app.sockets import listen
 
 MODEL = "moonshotai/Kimi-K2.5"
 HOST = "127.0.0.1"
@@ -452,6 +452,7 @@ class GatewayHarness:
         span_exporter: Any = None,
         prefill: Sequence[FakeWorker] = (),
         decode: Sequence[FakeWorker] = (),
+        door_checks: Any = None,
         **settings: Any,
     ) -> None:
         # PD disaggregation (docs/pd.md): ``prefill`` and ``decode`` workers instead of whole
@@ -460,7 +461,12 @@ class GatewayHarness:
         self.prefill, self.decode = list(prefill), list(decode)
         self.workers = [*workers, *self.prefill, *self.decode]
         self._settings = settings
-        self._factory: dict[str, Any] = {"clock": clock, "rng": rng, "span_exporter": span_exporter}
+        self._factory: dict[str, Any] = {
+            "clock": clock,
+            "rng": rng,
+            "span_exporter": span_exporter,
+            "door_checks": door_checks,  # the door's list of checks (app.door.entrance.checks)
+        }
         self.lanes_offered = 0  # requests the server offered the direct lane
         self.lane_writes = 0  # stream chunks the relay wrote through it
         self.server: uvicorn.Server | None = None

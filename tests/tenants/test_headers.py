@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.tenants.headers import Budget, anthropic_headers, duration, openai_headers
+from app.limits import Budget
+from app.tenants.headers import anthropic_headers, duration, openai_headers
 
 
 @pytest.mark.parametrize(

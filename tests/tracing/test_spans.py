@@ -162,7 +162,7 @@ async def test_the_admission_span_holds_the_queue_wait() -> None:
         first = asyncio.ensure_future(gw.post(CHAT, chat(stream=True)))
         await worker.held.wait()
         queued = asyncio.ensure_future(gw.post(CHAT, chat(stream=True)))
-        await wait_for(lambda: gw.gateway.proxy.admission.depth == 1)
+        await wait_for(lambda: gw.gateway.admission.depth == 1)
         worker.release.set()
         assert [(await r).status for r in (first, queued)] == [200, 200]
         found = await traces(exporter, 2)

@@ -1,4 +1,4 @@
-"""The in-process response store (``app.responses.store.MemoryStore``): bounded by count, bytes
+"""The in-process response store (``app.response_store.MemoryStore``): bounded by count, bytes
 and time, least recently used out first, one key's responses invisible to another."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.config import ResponsesConfig
-from app.responses.store import MemoryStore, make_store
+from app.response_store import MemoryStore, make_store
 
 
 class Clock:

@@ -1,0 +1,52 @@
+"""Who may call the gateway: the caller's API key NAME (``app.auth``), checked once per request
+before its body is read -- never per stream chunk.
+
+``key_name`` gives the caller's key name (None when no keys are configured) or raises a 401 in
+OpenAI shape (the door answers it in the surface's). ``ops_key_of``: ``/metrics`` and
+``/workers`` need a key when keys are configured unless ``auth.protect_ops`` is false (the
+separate metrics port only when it is true: it is Prometheus's); probes never need one.
+"""
+
+from __future__ import annotations
+
+from app.auth import bearer_token
+from app.errors import AuthenticationFailed
+from app.gateway import Gateway
+from app.proxy.headers import single
+
+_MISSING = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization "
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+_WRONG = "Incorrect API key provided."
+
+
+def key_name(authorization: str | None, gw: Gateway) -> str | None:
+    """The caller's key name (from its Authorization header); None when the gateway is open.
+    Raises ``AuthenticationFailed``."""
+    keys = gw.keys
+    if keys.open:
+        return None
+    token = bearer_token(authorization)
+    if token is None:
+        raise AuthenticationFailed(_MISSING)
+    name = keys.authenticate(token)
+    if name is None:
+        raise AuthenticationFailed(_WRONG)
+    return name
+
+
+def authorization(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The request's Authorization header (ASGI raw headers); more than one is a 400."""
+    value = single(headers, b"authorization")
+    return value.decode("latin-1") if value is not None else None
+
+
+def ops_key_of(
+    gw: Gateway, headers: list[tuple[bytes, bytes]], *, metrics_port: bool = False
+) -> None:
+    """``/metrics`` and ``/workers`` need a key when keys are configured (401/400), unless
+    ``auth.protect_ops`` is false; on the metrics port only when it is true."""
+    protect = gw.settings.auth.protect_ops
+    if protect if protect is not None else not metrics_port:
+        key_name(authorization(headers), gw)

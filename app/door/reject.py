@@ -1,0 +1,111 @@
+"""Requests refused before any worker was asked: answered in their surface's shape, with one
+access-log line and a count in ``requests_total`` each.
+
+The proxy records the requests it runs (``app.proxy.forward``), ``app.api.access`` what FastAPI
+answers; this module records the rest:
+
+- ``refuse``: a request of the surface registry's routes that a check of the door refused
+  (400/401/404/413/415/429/503), answered in its surface's shape (OpenAI's or Anthropic's);
+- ``reject``: the record of such a refusal alone;
+- ``refusals(gw)``: requests the server's protocol answered itself (408, 431, 400 for unparsable
+  HTTP, 503 over ``limits.max_connections``; ``app.server.guard``).
+
+``requests_total{route}`` counts the API: the surface registry's POST routes (``app.surfaces``,
+passed in as ``routes``), ``/v1/models`` and refusals at the protocol layer (route ``other`` when
+the path is not one of those, e.g. a 431 whose request line never ended). Probes, scrapes and
+unknown paths are in the access log only, so the metric's label set stays bounded and its error
+ratio is about API traffic. The access line's ``route`` is one of a fixed set of paths, else
+``other``; an ``other`` line also names the request's ``method`` and ``path`` (``client_text``:
+control characters, quotes, backslashes and spaces escaped, at most 200 characters) so an operator
+sees which endpoint a client wanted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+from app.accesslog import AccessRecord
+from app.errors import GatewayError
+from app.gateway import Gateway
+from app.metrics import OTHER
+from app.outcomes import Outcome
+from app.proxy.downstream import Send, send_error
+from app.proxy.surface import ErrorShape
+
+MODELS_ROUTE = "/v1/models"
+OPS_ROUTES = frozenset(
+    {"/", "/api/hello", "/livez", "/readyz", "/health", "/metrics", "/workers", "/openapi.json"}
+)
+NO_MODEL = "-"
+REJECTED = Outcome.REJECTED
+MAX_CLIENT_TEXT = 200
+# Bytes a log line shows escaped: C0 controls, space, quote, backslash, DEL, and every non-ASCII
+# byte (a path is bytes on the wire; as UTF-8 it may hold C1 controls or bidi overrides).
+_ESCAPED = {b: f"\\x{b:02x}" for b in (*range(0x21), 0x22, 0x5C, *range(0x7F, 0x100))}
+
+
+def client_text(raw: bytes) -> str:
+    """A client-chosen string (a method, a path) safe to write in a log line: printable ASCII,
+    anything else escaped as ``\\xNN``, at most ``MAX_CLIENT_TEXT`` characters (``...`` marks
+    the cut)."""
+    text = "".join(_ESCAPED.get(b, chr(b)) for b in raw[: MAX_CLIENT_TEXT + 1])
+    if len(text) > MAX_CLIENT_TEXT:
+        return text[: MAX_CLIENT_TEXT - 3] + "..."
+    return text
+
+
+def reject(
+    gw: Gateway,
+    route: str,
+    request_id: str,
+    error: GatewayError,
+    *,
+    key: str | None = None,
+    duration_s: float | None = None,
+    path: str | None = None,
+) -> None:
+    """Record a request answered with ``error`` before any worker was asked (its model is not
+    named: it may be any string a client sent). ``path``: the target's path (escaped) when
+    ``route`` is ``other``."""
+    gw.metrics.record_request(route, OTHER, error.status)
+    record = AccessRecord(
+        request_id, route, NO_MODEL, False, key=key, status=error.status, outcome=REJECTED
+    )
+    record.path = path
+    record.error = error.message
+    if duration_s is not None:
+        record.duration_ms = round(duration_s * 1000, 3)
+    gw.access.emit(record)
+
+
+def refusals(gw: Gateway, routes: Collection[str]) -> Callable[[bytes, str, GatewayError], None]:
+    """The server protocol's ``Report`` (``app.server.guard``) for this gateway, whose API POST
+    routes are ``routes``."""
+    api = frozenset(route.encode("ascii") for route in (*routes, MODELS_ROUTE))
+
+    def report(target: bytes, request_id: str, error: GatewayError) -> None:
+        path = target.split(b"?", 1)[0]
+        if path in api:
+            reject(gw, path.decode("latin-1"), request_id, error)
+        else:
+            reject(gw, OTHER, request_id, error, path=client_text(path) or None)
+
+    return report
+
+
+async def refuse(
+    gw: Gateway,
+    send: Send,
+    route: str,
+    request_id: str,
+    error: GatewayError,
+    shape: ErrorShape,
+    headers: Sequence[tuple[bytes, bytes]],
+    *,
+    key: str | None,
+    duration_s: float,
+) -> None:
+    """Record ``error`` (``reject``) and answer it in ``shape``, with ``headers`` (the key's
+    rate-limit headers, once they are known)."""
+    reject(gw, route, request_id, error, key=key, duration_s=duration_s)
+    await send_error(send, error, request_id.encode("ascii"), shape, headers)
