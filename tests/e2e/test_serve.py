@@ -27,7 +27,34 @@ def readme_curl() -> str:
 
 def test_make_run_is_serve_with_no_workers() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^run:.*\n\t\$\(BIN\)/dflash-gateway serve\s*$", makefile, re.M)
+    # PD=1: the same with --pd-disaggregation (one emulated prefill and one decode worker).
+    pd = r"\$\(if \$\(PD\),--pd-disaggregation\)"
+    assert re.search(rf"^run:.*\n\t\$\(BIN\)/dflash-gateway serve {pd}\s*$", makefile, re.M)
+
+
+def test_make_run_pd_serves_through_an_emulated_prefill_and_decode_pair(
+    procs: ProcessManager,
+) -> None:
+    env = {"DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0", "DFLASH_GATEWAY_EMBEDDED__SPEED": "20"}
+    gw = procs.start(
+        [str(SCRIPT), "serve", "--port", "{port}", "--pd-disaggregation"],
+        name="serve",
+        ready_path="/readyz",
+        ready_status=200,
+        timeout=60,
+        env=env,
+    )
+    table = httpx.get(gw.url + "/workers", timeout=5).json()["workers"]
+    assert sorted(w["role"] for w in table) == ["decode", "prefill"]
+    assert poll(lambda: "in PD mode" in gw.logs())
+    body = {"model": "kimi-k2.5", "stream": True, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        text = "".join(response.iter_text())
+    assert response.status_code == 200 and text.rstrip().endswith("data: [DONE]")
+    for w in table:  # the pair's room on both emulated workers
+        rooms = httpx.get(w["url"] + "/emulator/stats", timeout=5).json()["rooms"]["records"]
+        assert len(rooms) == 1, (w["role"], rooms)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
