@@ -338,3 +338,23 @@ async def test_a_worker_running_another_role_is_not_admitted() -> None:
         for _ in range(4):
             assert (await gw.post(CHAT, chat(stream=True))).status == 200
     assert not wrong.requests and len(d.requests) == 4
+
+
+async def test_prefix_affinity_keeps_a_conversation_on_one_prefill_worker() -> None:
+    ps, (d,) = pd_pair(prefill=3, decode=1)
+    settings = {"pd": {"prefill_policy": "prefix_affinity"}}
+    async with GatewayHarness([], prefill=ps, decode=[d], **settings) as gw:
+        for session in range(8):
+            for _ in range(2):
+                headers = {"x-session-id": f"session-{session}"}
+                ex = await gw.post(CHAT, chat(stream=True), headers=headers)
+                assert ex.status == 200
+    by_port = {p.bootstrap_port: p for p in ps}
+    homes = []
+    for i in range(0, 16, 2):  # each session's two requests, in order
+        ports = {sent["bootstrap_port"] for sent in d.requests[i : i + 2]}
+        assert len(ports) == 1, (i, ports)  # one prefill worker per conversation
+        homes.append(ports.pop())
+    for sent in d.requests:  # and that worker did get the pair's room
+        assert sent["bootstrap_room"] in by_port[sent["bootstrap_port"]].rooms()
+    assert len(set(homes)) > 1  # conversations spread over the pool (8 keys, 3 workers)
