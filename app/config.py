@@ -316,6 +316,11 @@ class DiscoveryConfig(_Section):
     mode: Literal["static", "dns", "kubernetes"] = "static"
     # dns mode: the name to resolve (a headless Service).
     dns_name: str | None = None
+    # dns mode with PD disaggregation (pd.disaggregation): the prefill workers' headless Service
+    # (their bootstrap port: pd.bootstrap_port).
+    prefill_dns_name: str | None = None
+    # dns mode with PD disaggregation: the decode workers' headless Service.
+    decode_dns_name: str | None = None
     # dns mode: the workers' port.
     dns_port: int = Field(30000, ge=1, le=65535)
     # dns mode: seconds between two resolutions.
@@ -337,9 +342,11 @@ class DiscoveryConfig(_Section):
 
     @model_validator(mode="after")
     def _check_mode(self) -> DiscoveryConfig:
-        if self.mode == "dns" and not self.dns_name:
+        by_role = self.prefill_dns_name or self.decode_dns_name
+        if self.mode == "dns" and not self.dns_name and not by_role:
             raise ValueError(
-                "discovery.mode=dns needs discovery.dns_name (a headless Service name)"
+                "discovery.mode=dns needs discovery.dns_name (a headless Service name), or "
+                "prefill_dns_name and decode_dns_name with PD disaggregation"
             )
         if self.mode == "kubernetes" and not self.api_url:
             raise ValueError(
@@ -567,8 +574,25 @@ class Settings(BaseSettings):
                 "PD disaggregation takes its workers from pd.prefill and pd.decode: "
                 "leave worker_urls empty"
             )
-        if self.pd.disaggregation and self.discovery.mode != "static":
-            raise ValueError("PD disaggregation supports discovery.mode static only")
+        discovery = self.discovery
+        by_role = discovery.prefill_dns_name and discovery.decode_dns_name
+        if self.pd.disaggregation and discovery.mode == "kubernetes":
+            raise ValueError("PD disaggregation takes discovery.mode static or dns")
+        if self.pd.disaggregation and discovery.mode == "dns" and not by_role:
+            raise ValueError(
+                "PD disaggregation with discovery.mode=dns needs discovery.prefill_dns_name "
+                "and discovery.decode_dns_name"
+            )
+        if (
+            self.pd.disaggregation
+            and discovery.mode == "dns"
+            and (self.pd.prefill or self.pd.decode)
+        ):
+            raise ValueError("pd.prefill and pd.decode are static discovery's: leave them empty")
+        if not self.pd.disaggregation and (discovery.prefill_dns_name or discovery.decode_dns_name):
+            raise ValueError(
+                "discovery.prefill_dns_name and decode_dns_name need pd.disaggregation"
+            )
         if self.pd.disaggregation and any(
             name.startswith("bootstrap_") for name in self.limits.extra_fields
         ):
@@ -621,7 +645,7 @@ class Settings(BaseSettings):
     def embedded_default(self) -> bool:
         """True when no worker source is configured: serve starts emulated workers itself."""
         if self.pd.disaggregation:
-            return not self.pd.prefill
+            return not self.pd.prefill and self.discovery.mode == "static"
         return not self.worker_urls and self.discovery.mode == "static"
 
     @classmethod

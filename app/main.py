@@ -45,7 +45,7 @@ from app.tracing import make_tracing
 from app.upstream.client import UpstreamClient
 from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
-from app.workers.discovery import PDStaticDiscovery, make_discovery
+from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.pool import EndpointLike, WorkerPool
 
@@ -103,10 +103,10 @@ def create_app(
         acceptance=CollapseDetector(settings.routing, lambda: pool.workers),
     )
     health = HealthChecker(pool, client, settings.health, settings.workers, clock=clock)
-    discovery = (
-        PDStaticDiscovery(settings.pd)
-        if settings.pd.disaggregation
-        else make_discovery(settings.discovery, settings.worker_urls)
+    discovery = make_discovery(
+        settings.discovery,
+        settings.worker_urls,
+        pd=settings.pd if settings.pd.disaggregation else None,
     )
     limiter = make_limiter(
         settings.limits, clock, on_store_error=lambda: metrics.record_limit_store_error("requests")

@@ -14,7 +14,7 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -68,6 +68,41 @@ class PDStaticDiscovery(StaticDiscovery):
             Endpoint(name=stable_name(url), url=url, role="prefill", bootstrap_port=port)
             for url, port in config.prefill_workers()
         ] + [Endpoint(name=stable_name(url), url=url, role="decode") for url in config.decode]
+
+
+class PDDnsDiscovery:
+    """PD disaggregation with DNS: the prefill workers' and the decode workers' headless
+    Services (``discovery.prefill_dns_name``, ``decode_dns_name``), each resolved as
+    ``DnsDiscovery`` resolves one, published together with their roles. A failed lookup keeps
+    that role's last known set."""
+
+    def __init__(
+        self, config: DiscoveryConfig, pd: PDConfig, resolver: Resolver | None = None
+    ) -> None:
+        assert config.prefill_dns_name is not None and config.decode_dns_name is not None
+        prefill = config.model_copy(update={"dns_name": config.prefill_dns_name})
+        decode = config.model_copy(update={"dns_name": config.decode_dns_name})
+        self._roles: list[tuple[Role, int | None, DnsDiscovery]] = [
+            ("prefill", pd.bootstrap_port, DnsDiscovery(prefill, resolver)),
+            ("decode", None, DnsDiscovery(decode, resolver)),
+        ]
+        self._interval = config.dns_interval_s
+        self._known: dict[Role, list[Endpoint]] = {}
+
+    async def resolve(self) -> list[Endpoint]:
+        for role, port, dns in self._roles:
+            try:
+                found = await dns.resolve()
+            except OSError as exc:
+                log.warning("DNS lookup of %s workers failed (%s); keeping the last set", role, exc)
+                continue
+            self._known[role] = [replace(e, role=role, bootstrap_port=port) for e in found]
+        return [e for endpoints in self._known.values() for e in endpoints]
+
+    async def run(self, publish: Publish) -> None:
+        while True:
+            publish(await self.resolve())
+            await asyncio.sleep(self._interval)
 
 
 class Resolver(Protocol):
@@ -254,8 +289,17 @@ class KubernetesDiscovery:
 
 
 def make_discovery(
-    config: DiscoveryConfig, worker_urls: Sequence[str], *, resolver: Resolver | None = None
+    config: DiscoveryConfig,
+    worker_urls: Sequence[str],
+    *,
+    resolver: Resolver | None = None,
+    pd: PDConfig | None = None,
 ) -> Discovery:
+    """The worker source; ``pd``: PD disaggregation is on (its pools, static or by DNS)."""
+    if pd is not None:
+        if config.mode == "dns":
+            return PDDnsDiscovery(config, pd, resolver)
+        return PDStaticDiscovery(pd)
     if config.mode == "dns":
         return DnsDiscovery(config, resolver)
     if config.mode == "kubernetes":

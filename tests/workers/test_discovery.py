@@ -205,3 +205,61 @@ def test_make_discovery_picks_the_configured_source() -> None:
     assert isinstance(make_discovery(DiscoveryConfig(), ["http://a:1"]), StaticDiscovery)
     dns = DiscoveryConfig(mode="dns", dns_name="w")
     assert isinstance(make_discovery(dns, []), DnsDiscovery)
+
+
+class RoleResolver(FakeResolver):
+    """Each headless Service its own records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_host: dict[str, list[str]] = {}
+        self.failing: set[str] = set()
+
+    async def addresses(self, host: str) -> list[str]:
+        if host in self.failing:
+            raise OSError("SERVFAIL")
+        return list(self.by_host.get(host, []))
+
+
+async def test_pd_dns_publishes_each_pools_workers_with_their_roles() -> None:
+    from app.config import PDConfig
+
+    resolver = RoleResolver()
+    resolver.by_host = {"prefill": ["10.0.0.5"], "decode": ["10.0.1.5", "10.0.1.6"]}
+    resolver.names = {"10.0.0.5": "kimi-prefill-0.kimi-prefill.llm.svc.cluster.local"}
+    config = DiscoveryConfig(
+        mode="dns", prefill_dns_name="prefill", decode_dns_name="decode", dns_interval_s=0.05
+    )
+    pd = PDConfig(disaggregation=True, bootstrap_port=9000)
+    seen = Snapshots()
+    task = asyncio.create_task(make_discovery(config, [], resolver=resolver, pd=pd).run(seen))
+    try:
+        await seen.until(lambda: len(seen.names()) == 3)
+        roles = {(e.name, e.role, e.bootstrap_port) for e in seen.latest or []}
+        assert roles == {
+            ("kimi-prefill-0", "prefill", 9000),
+            ("10.0.1.5:30000", "decode", None),
+            ("10.0.1.6:30000", "decode", None),
+        }
+        resolver.failing = {"decode"}  # one pool's lookup fails: its last set is kept
+        resolver.by_host["prefill"] = ["10.0.0.5", "10.0.0.7"]
+        await seen.until(lambda: len(seen.names()) == 4)
+        assert {e.role for e in seen.latest or []} == {"prefill", "decode"}
+    finally:
+        await _stop(task)
+
+
+def test_pd_settings_take_static_lists_or_both_dns_names() -> None:
+    from app.config import Settings
+
+    dns = {"mode": "dns", "prefill_dns_name": "p", "decode_dns_name": "d"}
+    settings = Settings(pd={"disaggregation": True}, discovery=dns)
+    assert not settings.embedded_default
+    with pytest.raises(ValueError, match=r"prefill_dns_name and discovery\.decode_dns_name"):
+        Settings(pd={"disaggregation": True}, discovery={"mode": "dns", "dns_name": "w"})
+    with pytest.raises(ValueError, match=r"need pd\.disaggregation"):
+        Settings(discovery=dns)
+    with pytest.raises(ValueError, match="static or dns"):
+        Settings(
+            pd={"disaggregation": True}, discovery={"mode": "kubernetes", "api_url": "http://k"}
+        )
