@@ -84,6 +84,7 @@ WORKER_GAUGES = frozenset(
         "worker_running_requests",
         "worker_waiting_requests",
         "worker_queued_prefill_tokens",
+        "worker_kv_transfer_queue_requests",
     )
 )
 
@@ -219,6 +220,14 @@ class Families:
             "worker_queued_prefill_tokens",
             "Prompt tokens the worker reports queued for prefill, not served from its prefix "
             "cache (SGLang: num_waiting_uncached_tokens); what least_queued picks prefill by",
+            ("worker", "role"),
+            "livemostrecent",
+        )
+        self.worker_transfer_queue = gauge(
+            "worker_kv_transfer_queue_requests",
+            "PD disaggregation: requests the worker holds for a KV transfer (SGLang's "
+            "disaggregation queues: bootstrap + in flight on a prefill worker, prealloc + "
+            "transfer on a decode worker)",
             ("worker", "role"),
             "livemostrecent",
         )

@@ -42,6 +42,8 @@ class LoadView(Protocol):
     @property
     def waiting_tokens(self) -> int: ...
     @property
+    def transfer_queue(self) -> int: ...
+    @property
     def accept_length(self) -> float | None: ...
     @property
     def accept_rate(self) -> float | None: ...
@@ -241,6 +243,7 @@ class Metrics(Families):
             self.worker_running,
             self.worker_waiting,
             self.worker_queued_prefill_tokens,
+            self.worker_transfer_queue,
         ):
             if self.multiprocess:
                 if gauge is self.in_flight:
@@ -409,6 +412,8 @@ class Metrics(Families):
             self.worker_running.labels(name, role).set(load.running)
             self.worker_waiting.labels(name, role).set(load.waiting)
             self.worker_queued_prefill_tokens.labels(name, role).set(load.waiting_tokens)
+            if role != "whole":  # whole workers have no disaggregation queues
+                self.worker_transfer_queue.labels(name, role).set(load.transfer_queue)
             if load.accept_length is not None:
                 self.worker_accept_length.labels(name, role).set(load.accept_length)
             if load.accept_rate is not None:

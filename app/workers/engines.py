@@ -85,6 +85,23 @@ def _capacity(ranks: list[dict[str, object]], field: str) -> int | None:
     return sum(limits)
 
 
+_TRANSFER_QUEUES = (
+    "prefill_bootstrap_queue_reqs",
+    "prefill_inflight_queue_reqs",
+    "decode_prealloc_queue_reqs",
+    "decode_transfer_queue_reqs",
+)
+
+
+def _transfer_queue(ranks: list[dict[str, object]]) -> int:
+    """The requests a PD worker holds for a KV transfer, summed over ranks (0 when none)."""
+    sections = [r.get("disaggregation") for r in ranks]
+    total = sum(
+        _summed([s], name) for s in sections if isinstance(s, dict) for name in _TRANSFER_QUEUES
+    )
+    return total if total <= MAX_COUNT else 0
+
+
 def parse_loads(data: object) -> WorkerLoad | None:
     """SGLang's ``/v1/loads`` document summed over data-parallel ranks (one rank with DFLASH).
 
@@ -107,6 +124,7 @@ def parse_loads(data: object) -> WorkerLoad | None:
         running=_summed(ranks, "num_running_reqs"),
         waiting=_summed(ranks, "num_waiting_reqs"),
         waiting_tokens=_summed(ranks, "num_waiting_uncached_tokens"),
+        transfer_queue=_transfer_queue(ranks),
         token_usage=max(usage, default=0.0),
         gen_throughput=gen if gen <= MAX_COUNT else 0.0,
         accept_length=sum(accept) / len(accept) if accept else None,
@@ -165,6 +183,10 @@ async def _health(client: UpstreamClient, worker: Worker, timeout: float) -> boo
     return status == 200
 
 
+_LOADS = "/v1/loads?include=core,spec"
+_LOADS_PD = "/v1/loads?include=core,spec,disagg"
+
+
 class SGLangEngine:
     """SGLang: ``/health``, ``/v1/loads``, ``/abort_request`` (the behaviour before engines)."""
 
@@ -184,8 +206,10 @@ class SGLangEngine:
         worker: Worker,
         timeout: float,  # noqa: ASYNC109
     ) -> WorkerLoad | None:
+        # A PD worker's disaggregation queues too (a whole worker has none to report).
+        path = _LOADS if worker.role == "whole" else _LOADS_PD
         try:
-            status, data = await client.get(worker, "/v1/loads?include=core,spec", timeout)
+            status, data = await client.get(worker, path, timeout)
         except UpstreamError:
             return None  # the health check decides what a silent worker means
         return parse_loads(data) if status == 200 else None

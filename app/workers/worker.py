@@ -42,6 +42,9 @@ class WorkerLoad:
     # Prompt tokens queued for prefill, not served from the prefix cache (SGLang:
     # ``num_waiting_uncached_tokens``): what a prefill worker is picked by.
     waiting_tokens: int = 0
+    # PD disaggregation: requests held for a KV transfer (SGLang's /v1/loads ``disaggregation``
+    # queues: bootstrap + in flight on a prefill worker, prealloc + transfer on a decode one).
+    transfer_queue: int = 0
 
 
 _RATE_ALPHA = 0.3

@@ -539,9 +539,13 @@ def panels() -> list[dict[str, Any]]:
                     f'sum by (worker) ({P}in_flight_requests{{role="decode",{W}}})',
                     "{{worker}} in flight",
                 ),
+                target(
+                    f'sum by (worker) ({P}worker_kv_transfer_queue_requests{{role="decode",{W}}})',
+                    "{{worker}} waiting on transfers",
+                ),
             ],
-            "Requests each decode worker runs (its batch) and the gateway's in flight there: "
-            "decode capacity bounds concurrency.",
+            "Requests each decode worker runs (its batch), the gateway's in flight there (decode "
+            "capacity bounds concurrency), and those it holds waiting on a KV transfer.",
         ),
         w=6,
     )

@@ -223,6 +223,9 @@ def test_acceptance_length_comes_from_decode_and_matches_the_emulator(
         labels = {"model": "moonshotai/Kimi-K2.5", "worker": name}
         assert not metric(text, "spec_verify_steps_total", **labels)
     assert metric(text, "pd_kv_transfer_wait_seconds_count", model="moonshotai/Kimi-K2.5")
+    for d in ds:  # the decode workers' own transfer queues are read (empty once idle)
+        name = d.url.removeprefix("http://")
+        assert metric(text, "worker_kv_transfer_queue_requests", role="decode", worker=name) == 0
 
 
 @pytest.mark.parametrize("victim", ["prefill", "decode"])

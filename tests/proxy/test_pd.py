@@ -358,3 +358,43 @@ async def test_prefix_affinity_keeps_a_conversation_on_one_prefill_worker() -> N
     for sent in d.requests:  # and that worker did get the pair's room
         assert sent["bootstrap_room"] in by_port[sent["bootstrap_port"]].rooms()
     assert len(set(homes)) > 1  # conversations spread over the pool (8 keys, 3 workers)
+
+
+def test_loads_give_the_prefill_queue_and_the_transfer_queues() -> None:
+    from app.workers.engines import parse_loads
+
+    decode = parse_loads(
+        {
+            "loads": [
+                {
+                    "num_running_reqs": 12,
+                    "num_waiting_reqs": 1,
+                    "disaggregation": {
+                        "mode": "decode",
+                        "decode_prealloc_queue_reqs": 3,
+                        "decode_transfer_queue_reqs": 4,
+                    },
+                }
+            ]
+        }
+    )
+    prefill = parse_loads(
+        {
+            "loads": [
+                {
+                    "num_waiting_reqs": 2,
+                    "num_waiting_uncached_tokens": 5000,
+                    "disaggregation": {
+                        "prefill_bootstrap_queue_reqs": 1,
+                        "prefill_inflight_queue_reqs": 2,
+                        "decode_transfer_queue_reqs": -5,  # implausible: not counted
+                    },
+                }
+            ]
+        }
+    )
+    assert decode is not None and prefill is not None
+    assert (decode.running, decode.transfer_queue) == (12, 7)
+    assert (prefill.waiting, prefill.waiting_tokens, prefill.transfer_queue) == (2, 5000, 3)
+    whole = parse_loads({"loads": [{"num_running_reqs": 1}]})
+    assert whole is not None and whole.transfer_queue == 0
