@@ -99,11 +99,12 @@ class Admission:
         plus this process's admission queue, over the routable workers' caps summed (1.0 = every
         slot taken, or more demand than slots: requests queue). With no routable worker: 1.0 if
         anything waits, else 0. Bounded by construction, so no figure a worker reports can push
-        the autoscaling signal out of [0, 1].
+        the autoscaling signal out of [0, 1]. With PD disaggregation only the decode workers
+        count: their capacity bounds how many requests run (a prefill worker's is its own).
         """
         demand, capacity = self._queue.size, 0
         for worker in workers:
-            if worker.routable:
+            if worker.routable and worker.role != "prefill":
                 capacity += self.cap(worker)
                 demand += max(worker.in_flight, worker.load.running + worker.load.waiting, 0)
         if demand <= 0:

@@ -398,3 +398,12 @@ def test_loads_give_the_prefill_queue_and_the_transfer_queues() -> None:
     assert (prefill.waiting, prefill.waiting_tokens, prefill.transfer_queue) == (2, 5000, 3)
     whole = parse_loads({"loads": [{"num_running_reqs": 1}]})
     assert whole is not None and whole.transfer_queue == 0
+
+
+def test_fleet_saturation_counts_the_decode_pool_only() -> None:
+    from app.config import AdmissionConfig
+    from app.workers.admission import Admission
+
+    prefill = _worker("p", "prefill", running=40, max_running_requests=48)
+    decode = _worker("d", "decode", running=12, max_running_requests=48)
+    assert Admission(AdmissionConfig()).saturation([prefill, decode]) == 12 / 48
