@@ -34,11 +34,12 @@ def instructions(path: Path) -> list[tuple[str, str]]:
 
 
 def make_run_command() -> list[str]:
-    """The recipe of `make run`, with $(BIN)/ dropped: the command a developer runs."""
+    """The recipe of `make run`, with $(BIN)/ dropped and its variants' flags left out (PD=1's
+    `$(if $(PD),--pd-disaggregation)`): the command a developer runs."""
     text = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^run:.*\n\t(.+)$", text, re.M)
     assert recipe, "Makefile has no run target"
-    words = shlex.split(recipe.group(1))
+    words = shlex.split(re.sub(r"\$\(if \$\(\w+\),[^)]*\)", "", recipe.group(1)))
     return [words[0].rsplit("/", 1)[-1], *words[1:]]
 
 
