@@ -134,6 +134,7 @@ class Pair:
 
     __slots__ = (
         "_attempt",
+        "_chunks_at_bind",
         "_decode_closed",
         "_fields",
         "_pd",
@@ -172,6 +173,7 @@ class Pair:
             self.room,
         )
         self._attempt: Attempt | None = None
+        self._chunks_at_bind: int | None = None  # a continuation leg's chunks relayed before it
         self._task: asyncio.Task[None] | None = None
         self._written = False
         self._decode_closed = False
@@ -193,6 +195,15 @@ class Pair:
     def bind(self, attempt: Attempt) -> None:
         """The decode side's attempt (its rid is the prefill side's too)."""
         self._attempt = attempt
+        if attempt.committed:  # a continuation leg: its stream's commit point is inherited
+            self._chunks_at_bind = len(attempt.tally.chunk_times)
+
+    def _decode_waits(self, attempt: Attempt) -> bool:
+        """D has relayed nothing of this attempt yet: it may still be waiting for the room."""
+        if not attempt.committed:
+            return True
+        bound = self._chunks_at_bind
+        return bound is not None and len(attempt.tally.chunk_times) == bound
 
     async def open(
         self,
@@ -247,7 +258,7 @@ class Pair:
                 log.info("prefill side of %s failed on %s: %s", attempt.rid, worker.name, exc)
                 if self._written and not answered:
                     pd._spawn(pd._abort(worker, attempt.rid))
-                if not attempt.committed and not self._decode_closed:
+                if self._decode_waits(attempt) and not self._decode_closed:
                     # P refused the request itself (a 4xx): so would any pair; else another
                     # pair may serve it.
                     refused = answered and exc.status < 500

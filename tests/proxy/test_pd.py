@@ -407,3 +407,24 @@ def test_fleet_saturation_counts_the_decode_pool_only() -> None:
     prefill = _worker("p", "prefill", running=40, max_running_requests=48)
     decode = _worker("d", "decode", running=12, max_running_requests=48)
     assert Admission(AdmissionConfig()).saturation([prefill, decode]) == 12 / 48
+
+
+async def test_a_continuation_legs_prefill_failure_aborts_its_decode_side() -> None:
+    ps, ds = pd_pair(prefill=2, decode=2)
+    # A first-byte deadline (which would end the wait anyway) far beyond wait_for's 5 s.
+    settings = {"pd": {"decode_policy": "least_inflight"}, "timeouts": {"first_byte_s": 20}}
+    async with GatewayHarness([], prefill=ps, decode=ds, **settings) as gw:
+        first_p, second_p = ps  # least_queued takes idle prefill workers in turn
+        first_d, second_d = sorted(ds, key=lambda w: w.name)  # least_inflight: ties by name
+        first_d.die_after = 3  # the stream breaks after the commit point: a continuation
+        second_p.fail_status = 500  # the continuation's prefill side fails...
+        second_d.prefills = [first_p]  # ...and never hands over its room
+        task = asyncio.create_task(gw.post(CHAT, chat(stream=True)))
+        # Released by the gateway's abort while the request runs, not by its deadline.
+        await wait_for(lambda: second_d.requests and second_d.waiting == 0)
+        assert second_d.aborted == [second_d.requests[0]["rid"]]
+        ex = await asyncio.wait_for(task, 5)
+        await wait_for(lambda: all(w.in_flight == 0 for w in gw.gateway.pool.workers))
+    assert ex.status == 200 and ex.body.endswith(SSE_DONE)
+    assert second_d.requests[0]["bootstrap_port"] == second_p.bootstrap_port
+    assert second_d.requests[0]["bootstrap_room"] != first_d.requests[0]["bootstrap_room"]
