@@ -4,7 +4,8 @@ versions ``tests/metrics/test_prometheus_contract.py`` has seen; that test names
 - whether the library writes multiprocess files: ``values.ValueClass._multiprocess``, fixed
   when prometheus_client is first imported (``PROMETHEUS_MULTIPROC_DIR`` set or not);
 - a histogram child's layout (``_upper_bounds``, ``_buckets``, ``_sum``): a stream's chunk gaps
-  are added in one pass rather than one locked ``observe`` per gap;
+  are added in one pass rather than one locked ``observe`` per gap, and the observations a
+  ``Metrics`` batch held are added as bucket counts (``add_counts``);
 - multiprocess exposition without the gauges of workers that left the pool: a collector
   wrapping ``MultiProcessCollector`` that rewrites ``Metric.samples`` (a file's entries cannot
   be removed).
@@ -30,6 +31,23 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 def multiprocess_mode() -> bool:
     """prometheus_client writes to ``PROMETHEUS_MULTIPROC_DIR`` (set before it was imported)."""
     return bool(getattr(prometheus_values.ValueClass, "_multiprocess", False))
+
+
+def upper_bounds(child: Histogram) -> list[float]:
+    """A histogram child's bucket bounds, ascending, ``+Inf`` last: an observation ``v`` goes
+    to bucket ``bisect_left(bounds, v)`` (prometheus_client's ``v <= bound``)."""
+    bounds: list[float] = child._upper_bounds
+    return bounds
+
+
+def add_counts(child: Histogram, counts: Sequence[int], total: float) -> None:
+    """Add ``counts[i]`` observations to bucket ``i`` of ``child`` and ``total`` to its sum: what
+    one ``observe`` per observation would have done."""
+    buckets = child._buckets
+    for i, count in enumerate(counts):
+        if count:
+            buckets[i].inc(count)
+    child._sum.inc(total)
 
 
 def observe_gaps(child: Histogram, first_at: float, times: Sequence[float]) -> None:

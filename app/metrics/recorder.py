@@ -1,16 +1,27 @@
 """``Metrics``: the label values of every family (bounded, pre-initialised so each series exists
 from start-up), the ``record_*`` calls the proxy makes once per request, and the pool's gauges
-read when scraped."""
+read when scraped.
+
+A request's counter increments and histogram observations are held in plain Python (a sum per
+counter series, bucket counts and a sum per histogram series: bounded by the series, not the
+requests) and added to prometheus_client's series at the next collect (a scrape, or any
+``registry.collect``/``get_sample_value``): a request pays a dict update where
+prometheus_client takes a lock and runs its checks per call, and a histogram's bucket is found
+by one ``bisect`` rather than a scan of its bounds. In multiprocess mode (``--processes N``),
+where another process reads this one's files, every update goes to the files at once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from app.metrics.families import (
     BACKGROUND_TASKS,
@@ -27,7 +38,14 @@ from app.metrics.families import (
     WORKER_GAUGES,
     Families,
 )
-from app.metrics.prom_adapter import multiprocess_mode, observe_gaps, render, render_multiprocess
+from app.metrics.prom_adapter import (
+    add_counts,
+    multiprocess_mode,
+    observe_gaps,
+    render,
+    render_multiprocess,
+    upper_bounds,
+)
 from app.outcomes import ATTEMPT_OUTCOMES, STREAM_OUTCOMES, Outcome
 from app.tenants.config import PRIORITIES
 
@@ -108,6 +126,31 @@ class TokenWindow:
         return total / self._window
 
 
+class _Held:
+    """A histogram series' observations not yet added to it: bucket counts and their sum."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: list[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.total = 0.0
+
+
+class _Flush(Collector):
+    """Registered on the registry before the families: every collect adds what is held first."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        self._flush()
+        return iter(())
+
+
 class Metrics(Families):
     """The families with their label values, recorded into once per request and refreshed from
     the pool when scraped."""
@@ -126,7 +169,14 @@ class Metrics(Families):
         # none), and Prometheus 2.x does not use them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.multiprocess = multiprocess_mode()
-        super().__init__(registry or CollectorRegistry(auto_describe=True))
+        # The updates held until the next collect (see the module doc).
+        self._counts: dict[Any, float] = {}
+        self._held: dict[Any, _Held] = {}
+        if self.multiprocess:
+            self._inc, self._observe = _inc_now, _observe_now  # type: ignore[method-assign]
+        registry = registry or CollectorRegistry(auto_describe=True)
+        registry.register(_Flush(self.flush))
+        super().__init__(registry)
         self._clock = clock
         self._models: set[str] = set()
         self._workers: set[str] = set()
@@ -263,17 +313,41 @@ class Metrics(Families):
 
     # -- once per request ---------------------------------------------------------------------
 
+    def _inc(self, child: Any, amount: float = 1) -> None:
+        """``child.inc(amount)`` at the next collect."""
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        counts = self._counts
+        counts[child] = counts.get(child, 0) + amount
+
+    def _observe(self, child: Any, value: float) -> None:
+        """``child.observe(value)`` at the next collect."""
+        held = self._held.get(child)
+        if held is None:
+            held = self._held[child] = _Held(upper_bounds(child))
+        held.counts[bisect_left(held.bounds, value)] += 1
+        held.total += value
+
+    def flush(self) -> None:
+        """Add the held updates to their series (done by every collect)."""
+        counts, self._counts = self._counts, {}
+        held, self._held = self._held, {}
+        for child, amount in counts.items():
+            child.inc(amount)
+        for child, h in held.items():
+            add_counts(child, h.counts, h.total)
+
     def record_dropped_fields(self, route: str) -> None:
-        self._child(self.dropped_fields, route).inc()
+        self._inc(self._child(self.dropped_fields, route))
 
     def record_request(
         self, route: str, model: str, status: int, duration_s: float | None = None
     ) -> None:
         label = self._model(model)
         code = str(status) if 100 <= status <= 599 else OTHER
-        self._child(self.requests, route, label, code).inc()
+        self._inc(self._child(self.requests, route, label, code))
         if duration_s is not None:
-            self._child(self.request_duration, route, label).observe(duration_s)
+            self._observe(self._child(self.request_duration, route, label), duration_s)
 
     def record_tokens(
         self,
@@ -292,19 +366,20 @@ class Metrics(Families):
         label = self._model(model)
         self.add_worker(worker)
         if prompt:
-            self._child(self.prompt_tokens, label, worker).inc(prompt)
+            self._inc(self._child(self.prompt_tokens, label, worker), prompt)
         if reasoning:
-            self._child(self.reasoning_tokens, label, worker).inc(reasoning)
+            self._inc(self._child(self.reasoning_tokens, label, worker), reasoning)
         if not completion:
             return
-        self._child(self.completion_tokens, label, worker).inc(completion)
+        self._inc(self._child(self.completion_tokens, label, worker), completion)
         window = self._windows.get(label)
         if window is not None:
             window.add(self._clock(), completion)
         if verify_steps:
-            self._child(self.verify_steps, label, worker).inc(verify_steps)
+            self._inc(self._child(self.verify_steps, label, worker), verify_steps)
             if source in SOURCES:
-                self._child(self.accept_length, label, source).observe(completion / verify_steps)
+                accept = self._child(self.accept_length, label, source)
+                self._observe(accept, completion / verify_steps)
 
     def record_stream_timing(
         self,
@@ -318,55 +393,71 @@ class Metrics(Families):
         """A committed stream: time to first token, the gaps between the chunks relayed after the
         first (``chunk_times``, clock readings), time per output token."""
         label = self._model(model)
-        self._child(self.ttft, label).observe(ttft_s)
+        self._observe(self._child(self.ttft, label), ttft_s)
         if not chunk_times:
             return
-        observe_gaps(self._child(self.inter_chunk, label), first_at, chunk_times)
+        self._observe_gaps(self._child(self.inter_chunk, label), first_at, chunk_times)
         if completion_tokens and completion_tokens > 1:
             tpot = (chunk_times[-1] - first_at) / (completion_tokens - 1)
-            self._child(self.tpot, label).observe(tpot)
+            self._observe(self._child(self.tpot, label), tpot)
+
+    def _observe_gaps(self, child: Any, first_at: float, times: Sequence[float]) -> None:
+        """``_observe(gap)`` for every gap between consecutive clock readings, in one pass."""
+        if self.multiprocess:
+            observe_gaps(child, first_at, times)
+            return
+        held = self._held.get(child)
+        if held is None:
+            held = self._held[child] = _Held(upper_bounds(child))
+        bounds, counts = held.bounds, held.counts
+        previous = first_at
+        for at in times:
+            counts[bisect_left(bounds, at - previous)] += 1
+            previous = at
+        held.total += times[-1] - first_at
 
     def record_queue_wait(self, seconds: float, priority: str) -> None:
-        self._child(self.queue_wait, priority).observe(seconds)
+        self._observe(self._child(self.queue_wait, priority), seconds)
 
     def record_kv_wait(self, model: str, seconds: float) -> None:
         """A PD pair's KV-transfer wait (``app.proxy.pd``)."""
         self._child(self.kv_transfer_wait, self._model(model)).observe(seconds)
 
     def record_attempt(self, worker: str, outcome: Outcome) -> None:
-        self._child(self.upstream_attempts, worker, outcome).inc()
+        self._inc(self._child(self.upstream_attempts, worker, outcome))
 
     def record_violation(self, worker: str, kind: str) -> None:
         """``kind``: one of ``VIOLATIONS``."""
-        self._child(self.upstream_violations, worker, kind).inc()
+        self._inc(self._child(self.upstream_violations, worker, kind))
 
     def record_retry(self, reason: str) -> None:
-        self._child(self.retries, reason if reason in RETRY_REASONS else OTHER).inc()
+        self._inc(self._child(self.retries, reason if reason in RETRY_REASONS else OTHER))
 
     def record_continuation(self, outcome: str) -> None:
         """``outcome``: one of ``CONTINUATION_OUTCOMES``."""
-        self._child(self.stream_continuations, outcome).inc()
+        self._inc(self._child(self.stream_continuations, outcome))
 
     def record_abort(self) -> None:
         self.aborts_sent.inc()
 
     def record_stream(self, outcome: Outcome) -> None:
-        self._child(self.stream_outcomes, outcome if outcome in STREAM_OUTCOMES else OTHER).inc()
+        outcomes = self.stream_outcomes
+        self._inc(self._child(outcomes, outcome if outcome in STREAM_OUTCOMES else OTHER))
 
     def record_key_request(self, name: str) -> None:
-        self._child(self.key_requests, name).inc()
+        self._inc(self._child(self.key_requests, name))
 
     def record_key_tokens(self, name: str, *, prompt: int, completion: int, reasoning: int) -> None:
         if prompt:
-            self._child(self.key_prompt_tokens, name).inc(prompt)
+            self._inc(self._child(self.key_prompt_tokens, name), prompt)
         if completion:
-            self._child(self.key_completion_tokens, name).inc(completion)
+            self._inc(self._child(self.key_completion_tokens, name), completion)
         if reasoning:
-            self._child(self.key_reasoning_tokens, name).inc(reasoning)
+            self._inc(self._child(self.key_reasoning_tokens, name), reasoning)
 
     def record_quota_rejection(self, name: str, quota: str) -> None:
         """``quota``: one of ``QUOTAS``."""
-        self._child(self.quota_rejections, name, quota).inc()
+        self._inc(self._child(self.quota_rejections, name, quota))
 
     def record_limit_store_error(self, limit: str) -> None:
         """``limit``: one of ``LIMIT_STORES``."""
@@ -441,6 +532,7 @@ class Metrics(Families):
         answered by one process, which reads the others' gauges from their files: they must
         keep them current themselves."""
         while True:
+            self.flush()
             self.observe_pool(workers(), queue_depth(), saturation() if saturation else 0.0)
             await asyncio.sleep(interval_s)
 
@@ -450,3 +542,11 @@ class Metrics(Families):
         if not self.multiprocess:
             return render(self.registry)
         return render_multiprocess(WORKER_GAUGES, set(self._workers))
+
+
+def _inc_now(child: Any, amount: float = 1) -> None:
+    child.inc(amount)
+
+
+def _observe_now(child: Any, value: float) -> None:
+    child.observe(value)

@@ -26,6 +26,7 @@ and the last upstream chunk.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -58,6 +59,7 @@ class Watch(Protocol):
     clock: Callable[[], float]
     first_byte_s: float
     idle_s: float
+    task: asyncio.Task[Any]  # the request's (the attempt's ``Scope`` runs in it)
 
     def begin(self, attempt: Attempt) -> None: ...
 
@@ -197,7 +199,7 @@ class Attempt:
         guard = self._guard = self.worker.attempt_guard(self.source)
         self._verdict = guard.__enter__()
         self.sup.begin(self)
-        await self._scope.__aenter__()
+        self._scope.enter(self.sup.task)
         return self
 
     async def __aexit__(
@@ -208,7 +210,7 @@ class Attempt:
     ) -> None:
         error = exc
         try:
-            await self._scope.__aexit__(exc_type, exc, tb)
+            self._scope.exit(exc_type)
         except Ended:
             error = self._instead or UpstreamTimeout(
                 f"worker {self.worker.name} went silent for too long"

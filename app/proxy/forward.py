@@ -193,11 +193,17 @@ class Proxy:
         )
         record = job.record
         sup.start()
+        scope = sup.scope  # ended by the total deadline, the client leaving or stalling
         try:
-            async with sup.scope:  # ended by the total deadline, the client leaving or stalling
+            scope.enter(sup.task)  # ``async with scope``, less its two coroutines
+            try:
                 failed = await self._forward(job, down, sup)
                 if failed is not None:
                     await self._fail(job, down, *failed)
+            except BaseException as exc:
+                scope.exit(type(exc))  # raises ``Ended`` if the scope was ended
+                raise
+            scope.exit(None)
         except Ended as ended:
             await self._ended(job, down, ended.reason)
         except asyncio.CancelledError:

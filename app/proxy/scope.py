@@ -48,8 +48,7 @@ class Scope:
     async def __aenter__(self) -> Scope:
         task = asyncio.current_task()
         assert task is not None, "a Scope runs inside a task"
-        assert self.reason is None and not self._cancelled, "a Scope is entered once"
-        self._task, self._cancelling = task, task.cancelling()
+        self.enter(task)
         return self
 
     async def __aexit__(
@@ -58,6 +57,16 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.exit(exc_type)
+
+    def enter(self, task: asyncio.Task[Any]) -> None:
+        """``async with`` without its two coroutines, for a caller that knows its task (the
+        one running the block): ``enter(task)``, then ``exit(exc_type)`` when the block ends."""
+        assert self.reason is None and not self._cancelled, "a Scope is entered once"
+        self._task, self._cancelling = task, task.cancelling()
+
+    def exit(self, exc_type: type[BaseException] | None) -> None:
+        """The block ended (``exc_type``: what it raised): raises ``Ended`` if it was ended."""
         task, self._task = self._task, None
         assert task is not None
         if self._pending is not None:  # ended, and left before the cancel was made

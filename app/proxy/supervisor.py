@@ -69,7 +69,12 @@ class Supervisor:
         self._last_rx = now  # the last upstream chunk of the attempts that ended
         self.closed = False
         self.disconnected = False
-        self._loop = asyncio.get_running_loop()
+        # The request's task (a ``Scope`` needs it) and its loop: one look-up, for on Python
+        # < 3.12 each costs a getpid() system call.
+        task = asyncio.current_task()
+        assert task is not None, "a Supervisor is made inside the request's task"
+        self.task = task
+        self._loop = task.get_loop()
         self._listening: asyncio.Future[Message] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._wake_at = float("inf")  # when the timer fires (clock time)
@@ -107,7 +112,8 @@ class Supervisor:
 
     def begin(self, attempt: Attempt) -> None:
         self.attempt = attempt
-        self._arm()  # the first-byte deadline may be nearer than the current timer
+        if self._next_wake() < self._wake_at:  # its first-byte deadline is nearer than the timer
+            self._arm()  # (a later one: the timer wakes first and re-arms for it)
 
     def responded(self) -> None:
         """The attempt's response has begun: the idle deadline replaces the first-byte one."""

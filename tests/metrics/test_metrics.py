@@ -242,3 +242,44 @@ async def test_cardinality_stays_bounded_under_hostile_input() -> None:
     assert after == before
     assert value(text, "dflash_gateway_requests_total", model="other", status="404") == 1001
     assert value(text, "dflash_gateway_requests_total", model=MODEL, status="200") == 1002
+
+
+def test_held_updates_equal_one_call_each_at_every_collect() -> None:
+    """The record_* calls are held in the process and added at the next collect: a scrape (or
+    ``get_sample_value``) shows exactly what one prometheus_client call per update would have,
+    bucket edges included, and nothing is added twice."""
+    metrics = Metrics(models=[MODEL], routes=[CHAT])
+    reference = CollectorRegistry()
+    duration = Histogram(
+        "dflash_gateway_request_duration_seconds",
+        "d",
+        ["route", "model"],
+        buckets=metrics.request_duration._upper_bounds[:-1],
+        registry=reference,
+    )
+    values = [0.05, 0.1, 0.0, 0.07, 3600.0, 5000.0, 0.25, 0.25000001]  # on, under, over edges
+    for value in values:
+        metrics.record_request(CHAT, MODEL, 200, value)
+        duration.labels(CHAT, MODEL).observe(value)
+    got = series(metrics.render().decode())
+    want = series(generate_latest(reference).decode())
+    for key, value in want.items():
+        if key[0].startswith("dflash_gateway_request_duration_seconds"):
+            assert got[key] == pytest.approx(value), key
+    labels = {"route": CHAT, "model": MODEL, "status": "200"}
+    requests = ("dflash_gateway_requests_total", tuple(sorted(labels.items())))
+    assert got[requests] == len(values)
+    # Collected again with nothing new: the same figures, not added twice.
+    assert series(metrics.render().decode())[requests] == len(values)
+    metrics.record_request(CHAT, MODEL, 200, 0.1)
+    value = metrics.registry.get_sample_value("dflash_gateway_requests_total", labels)
+    assert value == len(values) + 1
+
+
+def test_a_negative_count_is_refused_when_recorded_not_at_the_scrape() -> None:
+    metrics = Metrics(models=[MODEL], routes=[CHAT])
+    with pytest.raises(ValueError, match="non-negative"):
+        metrics.record_tokens(
+            MODEL, "w", prompt=-3, completion=None, reasoning=None, verify_steps=None, source=None
+        )
+    metrics.render()  # the scrape still works
