@@ -158,9 +158,9 @@ def table(args: argparse.Namespace, tallies: dict[str, Tally]) -> str:
     ]
     for name, t in tallies.items():
         ttft = percentile(sorted(t.ttfts), 50) * 1000 if t.ttfts else 0.0
-        blocks = " ".join(f"{b:.3f}" for b in t.blocks)
+        blocks = " ".join(f"{b:.4f}" for b in t.blocks)
         lines.append(
-            f"{name:<24} {t.per_1000():>9.3f} {statistics.median(t.blocks):>7.3f} "
+            f"{name:<24} {t.per_1000():>9.4f} {statistics.median(t.blocks):>7.4f} "
             f"{t.failed:>5} {ttft:>8.2f}ms  {blocks}"
         )
     unit = "requests" if args.scenario == "non_stream" else "relayed chunks"

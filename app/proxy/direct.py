@@ -5,9 +5,10 @@ and the relay must be a running task to await it: every upstream read wakes the 
 just to pass the bytes on. Once a stream's headers went out through ``send`` (so the server chose
 chunked framing and keeps its own bookkeeping right), the relay can instead frame and write each
 chunk from the upstream connection's read callback (``Http1Response.pump``): no task switch, no
-message, one ``transport.write``. The end of the body (``0\\r\\n\\r\\n``) and anything sent after it
-still go through ``send``. A whole (non-streamed) response may go out the same way, head and
-body in one write (``respond``).
+message, one ``transport.write``. The end of the body (``0\\r\\n\\r\\n``, with the stream's last
+chunk) and anything sent after it still go through ``send``. A whole (non-streamed) response may
+go out the same way, head and body in one write (``respond``), and so may a stream's head with
+its first chunk (``start_stream``).
 
 The gateway's server protocol (``app.server.guard``) offers this per request as the ASGI scope
 extension ``EXTENSION`` (implemented by ``app.server.lane.ResponseLane``); under any
@@ -39,6 +40,10 @@ class DirectBody(Protocol):
         """A whole response (``headers`` with its content-length) in one write where ``send``
         would write the head and the body apart; False when ``send`` must do it (the response
         began, the client is behind...)."""
+
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes) -> bool:
+        """A stream's head (chunked framing) and its first chunk in one write; False when
+        ``send`` must do it (as for ``respond``)."""
 
     def ready(self) -> bool:
         """The response started with chunked framing and has not ended: writes may begin."""

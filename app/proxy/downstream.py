@@ -72,19 +72,28 @@ class Downstream:
         headers += self._headers
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
+    def _stream_head(self) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+
     async def start_stream(self) -> None:
-        await self._start(
-            200,
-            [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no"),
-            ],
-        )
+        await self._start(200, self._stream_head())
 
     async def chunk(self, data: bytes) -> None:
-        """One piece of the SSE stream (starts the response on the first call)."""
+        """One piece of the SSE stream (starts the response on the first call: with the
+        server's lane, its head and this first piece in one write)."""
         if not self.started:
+            lane = self.direct_lane
+            if lane is not None and data:
+                head = self._stream_head()
+                head.append((b"x-request-id", self._request_id))
+                head += self._headers
+                if lane.start_stream(200, head, data):
+                    self.started = True
+                    return
             await self.start_stream()
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
@@ -125,8 +134,9 @@ class Downstream:
         await self.chunk(self.shape.keepalive)
         self.last_tx = self.clock()
 
-    async def end(self) -> None:
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def end(self, last: bytes = b"") -> None:
+        """The stream's end, after its ``last`` piece (one write with it)."""
+        await self._send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def complete(
         self,

@@ -106,6 +106,7 @@ async def relay_stream(
     chunk_out = down.chunk
     stamp = tally.chunk_times.append
     chunks = response.aiter_raw()
+    last: list[bytes] = []  # the stream's last piece, kept to go out with its end (one write)
     try:
         async for chunk in chunks:  # until the commit point
             attempt.last_rx = clock()
@@ -132,6 +133,7 @@ async def relay_stream(
                     out = feed(chunk)
                     if obs.done:  # the stream's end: nothing after it is read
                         response.stop()
+                        return _last(out, now)
                     if out:
                         stamp(now)
                         return write(out)
@@ -146,10 +148,22 @@ async def relay_stream(
                     out = feed_obs(chunk)
                     if obs.done:
                         response.stop()
+                        return _last(out, now)
                     if out:
                         stamp(now)
                         return write(out)
                     return False
+
+            def _last(out: bytes, now: float) -> bool:
+                """The stream's last read: kept for ``end`` (unless it is cut short by a
+                held-back error, whose relayed part goes out at once)."""
+                if not out:
+                    return False
+                stamp(now)
+                if obs.broken is not None:
+                    return write(out)
+                last.append(out)
+                return False
 
             drain = direct.drain
 
@@ -200,7 +214,7 @@ async def relay_stream(
         broken.retryable = not obs.first_data
         raise broken
     tally.inband_error = obs.inband_error
-    await down.end()
+    await down.end(last[0] if last else b"")
 
 
 async def relay_whole(

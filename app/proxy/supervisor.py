@@ -112,13 +112,13 @@ class Supervisor:
 
     def begin(self, attempt: Attempt) -> None:
         self.attempt = attempt
-        if self._next_wake() < self._wake_at:  # its first-byte deadline is nearer than the timer
-            self._arm()  # (a later one: the timer wakes first and re-arms for it)
+        self._arm_before(attempt.deadline())  # its first-byte deadline
 
     def responded(self) -> None:
         """The attempt's response has begun: the idle deadline replaces the first-byte one."""
-        if self._next_wake() < self._wake_at:
-            self._arm()
+        attempt = self.attempt
+        if attempt is not None:
+            self._arm_before(attempt.deadline())
 
     def finish(self, attempt: Attempt) -> None:
         if self.attempt is attempt:
@@ -184,6 +184,13 @@ class Supervisor:
         wake = self._wake_at = self._next_wake()
         if wake != float("inf"):
             self._timer = self._loop.call_later(max(0.0, wake - self._clock()), self._wake)
+
+    def _arm_before(self, wake: float) -> None:
+        """A new deadline at ``wake``: the timer is moved to it only if it is nearer. (The timer
+        already covers every other wake; one that fires before a later deadline finds nothing
+        due and re-arms for what is next.)"""
+        if wake < self._wake_at:
+            self._arm()
 
     def _disarm(self) -> None:
         self._wake_at = float("inf")

@@ -88,6 +88,34 @@ class ResponseLane:
         cycle.on_response()
         return True
 
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes) -> bool:
+        """A chunked response's head and its first chunk (``first``, not empty) in one write,
+        where ``send`` would write them in two; the request cycle is left as those two ``send``
+        calls leave it. False (nothing done) when ``send`` must do it, as for ``respond``."""
+        cycle = self._cycle
+        if (
+            cycle.response_started
+            or self._flow.write_paused
+            or cycle.access_log
+            or cycle.scope["method"] == "HEAD"
+            or status in (204, 304)
+        ):
+            return False
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = True
+        cycle.expected_content_length = 0
+        if cycle.disconnected:  # dropped, as ``send`` drops it
+            return True
+        out = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            out += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            out.append(b"connection: close\r\n")
+        out += (b"transfer-encoding: chunked\r\n\r\n%x\r\n" % len(first), first, b"\r\n")
+        self._transport.write(b"".join(out))
+        return True
+
     def ready(self) -> bool:
         """The response started with chunked framing and has not ended: writes may begin."""
         cycle = self._cycle
