@@ -102,6 +102,9 @@ class WorkerView(Protocol):
     def role(self) -> str: ...
 
 
+_SERIES_CACHE = 4096  # label tuples kept by ``record_request``/``record_tokens``
+
+
 class TokenWindow:
     """Completion tokens per second over the last ``window_s`` whole seconds (plus the current)."""
 
@@ -184,6 +187,9 @@ class Metrics(Families):
         self._roles: dict[str, str] = {}  # each worker's role label (whole, prefill, decode)
         self._windows: dict[str, TokenWindow] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        # A request's series by its labels, looked up in one step (``_series``).
+        self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._token_series: dict[tuple[str, str], tuple[str, Any, Any, Any, Any]] = {}
         self._routes = tuple(routes)
 
         for outcome in STREAM_OUTCOMES:
@@ -343,11 +349,25 @@ class Metrics(Families):
     def record_request(
         self, route: str, model: str, status: int, duration_s: float | None = None
     ) -> None:
-        label = self._model(model)
-        code = str(status) if 100 <= status <= 599 else OTHER
-        self._inc(self._child(self.requests, route, label, code))
+        key = (route, model, status)
+        series = self._request_series.get(key)
+        if series is None:
+            label = self._model(model)
+            code = str(status) if 100 <= status <= 599 else OTHER
+            series = self._requests_series(key)[key] = (
+                self._child(self.requests, route, label, code),
+                self._child(self.request_duration, route, label),
+            )
+        self._inc(series[0])
         if duration_s is not None:
-            self._observe(self._child(self.request_duration, route, label), duration_s)
+            self._observe(series[1], duration_s)
+
+    def _requests_series(self, key: tuple[str, str, int]) -> dict[tuple[str, str, int], Any]:
+        """The request series cache, emptied if clients' values would make it grow unbounded
+        (the labels themselves are bounded: ``_model``)."""
+        if len(self._request_series) > _SERIES_CACHE:
+            self._request_series.clear()
+        return self._request_series
 
     def record_tokens(
         self,
@@ -363,23 +383,40 @@ class Metrics(Families):
         """One request's token counts and verify steps (None: not known). ``source``: the
         per-request acceptance length is ``exact`` or ``estimated``; None: only the worker's mean
         was known (the steps count, the per-request histogram does not)."""
-        label = self._model(model)
-        self.add_worker(worker)
+        series = self._token_series.get((model, worker))
+        if series is None or worker not in self._workers:
+            series = self._tokens_of(model, worker)
+        label, prompt_series, reasoning_series, completion_series, steps_series = series
         if prompt:
-            self._inc(self._child(self.prompt_tokens, label, worker), prompt)
+            self._inc(prompt_series, prompt)
         if reasoning:
-            self._inc(self._child(self.reasoning_tokens, label, worker), reasoning)
+            self._inc(reasoning_series, reasoning)
         if not completion:
             return
-        self._inc(self._child(self.completion_tokens, label, worker), completion)
+        self._inc(completion_series, completion)
         window = self._windows.get(label)
         if window is not None:
             window.add(self._clock(), completion)
         if verify_steps:
-            self._inc(self._child(self.verify_steps, label, worker), verify_steps)
+            self._inc(steps_series, verify_steps)
             if source in SOURCES:
                 accept = self._child(self.accept_length, label, source)
                 self._observe(accept, completion / verify_steps)
+
+    def _tokens_of(self, model: str, worker: str) -> tuple[str, Any, Any, Any, Any]:
+        """The model's label and the token series of ``model`` on ``worker`` (cached)."""
+        label = self._model(model)
+        self.add_worker(worker)
+        if len(self._token_series) > _SERIES_CACHE:
+            self._token_series.clear()
+        series = self._token_series[(model, worker)] = (
+            label,
+            self._child(self.prompt_tokens, label, worker),
+            self._child(self.reasoning_tokens, label, worker),
+            self._child(self.completion_tokens, label, worker),
+            self._child(self.verify_steps, label, worker),
+        )
+        return series
 
     def record_stream_timing(
         self,
