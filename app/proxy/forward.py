@@ -124,6 +124,7 @@ class Proxy:
         self._clock = clock
         self._rng = rng
         self._background: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the last request's event loop
         # SGLang's ``priority`` field on every upstream body (the workers schedule by it).
         self._send_priority = settings.workers.priority_scheduling
         self.admission = admission
@@ -189,8 +190,13 @@ class Proxy:
             headers=job.response_headers,
         )
         sup = Supervisor(
-            receive=receive, downstream=down, timeouts=self._settings.timeouts, clock=self._clock
+            receive=receive,
+            downstream=down,
+            timeouts=self._settings.timeouts,
+            clock=self._clock,
+            loop=self._loop,
         )
+        self._loop = sup.task.get_loop()  # the next request's, most likely
         record = job.record
         sup.start()
         scope = sup.scope  # ended by the total deadline, the client leaving or stalling

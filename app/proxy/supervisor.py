@@ -54,6 +54,7 @@ class Supervisor:
         downstream: Downstream,
         timeouts: TimeoutConfig,
         clock: Clock,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._receive = receive
         self._down = downstream
@@ -69,9 +70,11 @@ class Supervisor:
         self._last_rx = now  # the last upstream chunk of the attempts that ended
         self.closed = False
         self.disconnected = False
-        # The request's task (a ``Scope`` needs it) and its loop: one look-up, for on Python
-        # < 3.12 each costs a getpid() system call.
-        task = asyncio.current_task()
+        # The request's task (a ``Scope`` needs it) and its loop. ``loop``, when the caller knows
+        # it, spares the running loop's look-up: a getpid() system call on Python < 3.12.
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:
+            task = asyncio.current_task()
         assert task is not None, "a Supervisor is made inside the request's task"
         self.task = task
         self._loop = task.get_loop()
