@@ -154,3 +154,49 @@ async def test_the_direct_lane_writes_into_a_real_uvicorn_response() -> None:
         sock.close()
     assert response.status_code == 200
     assert response.content == b"one;two;"
+
+
+async def _started_on_the_lane(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A stream whose head and first chunk go out in one lane write, then one more chunk on
+    the lane, and its last chunk with the end through ``send``."""
+    if scope["type"] != "http":
+        return
+    lane = direct_body(scope)
+    assert lane is not None
+    head = [(b"content-type", b"text/event-stream"), (b"x-request-id", b"r1")]
+    assert lane.start_stream(200, head, b"one;")
+    assert lane.ready(), "the lane's stream start left the cycle unstarted"
+    lane.write(b"two;")
+    await send({"type": "http.response.body", "body": b"three;", "more_body": False})
+
+
+async def test_a_stream_started_on_the_lane_is_one_uvicorn_would_have_sent() -> None:
+    """Head and first chunk in one write leave uvicorn's cycle as its two sends would: the
+    chunks and the end frame right, and the connection kept alive for the next request."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    protocol = guarded_protocol(GuardLimits(header_s=5, body_s=5, max_header_bytes=4096))
+    config = uvicorn.Config(
+        _started_on_the_lane, http=protocol, lifespan="off", log_config=None, access_log=False
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    responses = []
+    try:
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1)) as client:
+            for _ in range(2):  # the second one on the same connection
+                responses.append(await client.get(f"http://127.0.0.1:{port}/", timeout=10))
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    for response in responses:
+        assert response.status_code == 200
+        assert response.headers["transfer-encoding"] == "chunked"
+        assert response.headers["content-type"] == "text/event-stream"
+        assert response.headers["x-request-id"] == "r1"
+        assert response.content == b"one;two;three;"
+    assert responses[0].extensions["network_stream"] is responses[1].extensions["network_stream"]
