@@ -85,6 +85,9 @@ class HttpConnection(HttpToolsProtocol):
         self._began_here = False  # the current head began in the read being parsed ...
         self._mid_read = False  # ... after the request before it ended in that read
         self._ended_here = False  # a request ended in the read being parsed
+        # When the connection's last response ended with nothing after it (None: a request is
+        # being read or answered): the keep-alive timeout counts from here (``_keep_alive_due``).
+        self._idle_at: float | None = None
 
     # -- hooks --------------------------------------------------------------------------------
     def opened(self) -> None:
@@ -322,6 +325,9 @@ class HttpConnection(HttpToolsProtocol):
         if self._lingering is not None:
             self._lingering.cancel()
         super().connection_lost(exc)
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
         self._unread = b""
         lanes, self._lanes = self._lanes, deque()
         for lane in lanes:
@@ -374,8 +380,40 @@ class HttpConnection(HttpToolsProtocol):
         super().resume_writing()
         self.writes_moved()
 
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn cancels its keep-alive timer on every read and arms a new one after every
+        # response; here the connection is marked busy and one timer, armed when it was idle,
+        # is left to find that out when it fires (``_keep_alive_due``).
+        self._idle_at = None
+
+    def _keep_alive_due(self) -> None:
+        """The keep-alive timer fired: close the connection if it has been idle for
+        ``timeout_keep_alive`` since its last response, else wait for what is left (busy: the
+        next response's end arms it again)."""
+        self.timeout_keep_alive_task = None
+        idle_at = self._idle_at
+        if idle_at is None:
+            return
+        left = idle_at + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        # uvicorn's, less a keep-alive timer armed and cancelled per request.
+        self.server_state.total_requests += 1
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self._idle_at = self.loop.time()
+                if self.timeout_keep_alive_task is None:
+                    self.timeout_keep_alive_task = self.loop.call_later(
+                        self.timeout_keep_alive, self._keep_alive_due
+                    )
         if self.transport.get_write_buffer_size():
             self.writes_pending()
         if self.transport.is_closing():

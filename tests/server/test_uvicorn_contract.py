@@ -67,8 +67,23 @@ def test_the_protocol_and_request_cycle_have_what_the_adapter_uses() -> None:
         "on_headers_complete",
         "on_message_complete",
         "on_response_complete",
+        # HttpConnection.on_response_complete, which replaces uvicorn's keep-alive handling
+        "_unset_keepalive_if_required",
+        "_start_asgi_task",
+        "timeout_keep_alive_handler",
     ]
     _require(protocol, hooks, "HttpToolsProtocol")
+    # uvicorn's own response end (its keep-alive timer and pipelining), which the adapter's
+    # replaces: a change in it is a change to review there.
+    source = inspect.getsource(protocol.on_response_complete)
+    for line in (
+        "self.server_state.total_requests += 1",
+        "self.flow.resume_reading()",
+        "cycle, app = self.pipeline.pop()",
+        "self._start_asgi_task(cycle, app)",
+        "self.timeout_keep_alive, self.timeout_keep_alive_handler",
+    ):
+        assert line in source, f"uvicorn's on_response_complete changed: {line!r} is gone"
     params = list(inspect.signature(protocol.__init__).parameters)
     assert params[:4] == ["self", "config", "server_state", "app_state"], params
 
@@ -78,7 +93,8 @@ def test_the_protocol_and_request_cycle_have_what_the_adapter_uses() -> None:
         config.load()
         conn = HttpConnection(config=config, server_state=ServerState(), app_state={}, _loop=loop)
         fields = ["transport", "flow", "cycle", "scope", "connections", "client", "loop"]
-        fields += ["pipeline", "parser"]
+        fields += ["pipeline", "parser", "server_state", "timeout_keep_alive"]
+        fields += ["timeout_keep_alive_task"]
         _require(conn, fields, "an HttpToolsProtocol instance")
         conn.on_message_begin()
         _require(conn, ["url"], "an HttpToolsProtocol instance after on_message_begin")
@@ -200,3 +216,45 @@ async def test_a_stream_started_on_the_lane_is_one_uvicorn_would_have_sent() -> 
         assert response.headers["x-request-id"] == "r1"
         assert response.content == b"one;two;three;"
     assert responses[0].extensions["network_stream"] is responses[1].extensions["network_stream"]
+
+
+async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    headers = [(b"content-length", b"2")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+
+async def test_keep_alive_counts_from_the_last_response_and_closes_an_idle_connection() -> None:
+    """One keep-alive timer per connection instead of one per response: a connection that
+    answered again since it was armed stays open past the first timeout, and one left idle is
+    closed once the timeout has passed since its last response."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    protocol = guarded_protocol(GuardLimits(header_s=5, body_s=5, max_header_bytes=4096))
+    config = uvicorn.Config(
+        _hello, http=protocol, lifespan="off", log_config=None, timeout_keep_alive=1
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+    try:
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        for pause in (0.0, 0.6, 0.7):  # the last request comes 1.3 s after the first answer
+            await asyncio.sleep(pause)
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\nok"), 5)
+            assert head.startswith(b"HTTP/1.1 200"), head
+        answered = loop.time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: idle past the timeout
+        assert loop.time() - answered >= 0.9
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
