@@ -36,6 +36,10 @@ class DirectBody(Protocol):
 
     def unwatch(self) -> None: ...
 
+    def heads(self, send: object) -> bool:
+        """Whether ``send`` is the server's own for this request: only then may ``respond`` and
+        ``start_stream`` write a head in its place (a middleware's send may add headers)."""
+
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """A whole response (``headers`` with its content-length) in one write where ``send``
         would write the head and the body apart; False when ``send`` must do it (the response

@@ -28,6 +28,7 @@ Clock = Callable[[], float]
 
 class Downstream:
     __slots__ = (
+        "_head_lane",
         "_headers",
         "_request_id",
         "_send",
@@ -54,6 +55,8 @@ class Downstream:
         self._headers = headers
         self.shape = shape
         self.direct_lane = direct  # the server's lane around send (app.proxy.direct), if any
+        # The lane, when it may also write the response's head: ``send`` is the server's own.
+        self._head_lane = direct if direct is not None and direct.heads(send) else None
         self._request_id = request_id.encode("latin-1")
         self.stream = stream
         self.clock = clock
@@ -86,7 +89,7 @@ class Downstream:
         """One piece of the SSE stream (starts the response on the first call: with the
         server's lane, its head and this first piece in one write)."""
         if not self.started:
-            lane = self.direct_lane
+            lane = self._head_lane
             if lane is not None and data:
                 head = self._stream_head()
                 head.append((b"x-request-id", self._request_id))
@@ -151,7 +154,7 @@ class Downstream:
             (b"content-length", b"%d" % len(body)),
             *(headers or ()),
         ]
-        lane = self.direct_lane
+        lane = self._head_lane
         if lane is not None and not self.started:
             self.started = True
             head.append((b"x-request-id", self._request_id))

@@ -88,6 +88,12 @@ class ResponseLane:
         cycle.on_response()
         return True
 
+    def heads(self, send: object) -> bool:
+        """Whether ``send`` is this request's own (uvicorn's): then a head written here
+        (``respond``, ``start_stream``) is the one ``send`` would write. A middleware's send
+        (CORS adds its headers to the head) is not."""
+        return getattr(send, "__self__", None) is self._cycle
+
     def start_stream(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes) -> bool:
         """A chunked response's head and its first chunk (``first``, not empty) in one write,
         where ``send`` would write them in two; the request cycle is left as those two ``send``

@@ -40,6 +40,7 @@ async def test_cors_allows_configured_origins_only() -> None:
     async with GatewayHarness([FakeWorker()], cors_origins=[ORIGIN]) as gw:
         preflight = await gw.request("OPTIONS", CHAT, headers=_preflight())
         stream = await gw.post(CHAT, chat(stream=True), headers={"origin": ORIGIN})
+        whole = await gw.post(CHAT, chat(), headers={"origin": ORIGIN})
         other = await gw.post(CHAT, chat(), headers={"origin": "https://evil.example"})
     assert preflight.status == 200
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
@@ -47,6 +48,9 @@ async def test_cors_allows_configured_origins_only() -> None:
     assert stream.headers["access-control-allow-origin"] == ORIGIN
     assert "x-request-id" in stream.headers["access-control-expose-headers"].lower()
     assert stream.body.endswith(b"data: [DONE]\n\n")
+    # A whole answer too: its head is written by the server's send, which CORS wraps.
+    assert whole.status == 200
+    assert whole.headers["access-control-allow-origin"] == ORIGIN
     assert "access-control-allow-origin" not in other.headers
 
 
