@@ -36,7 +36,8 @@ class AccessRecord:
     stream: bool
     key: str | None = None  # the API key's name, never the key
     priority: str | None = None  # the request's priority class (tenants)
-    worker: str | None = None
+    worker: str | None = None  # the worker that answered (in PD mode: the decode worker)
+    prefill_worker: str | None = None  # PD mode: the last attempt's prefill worker
     status: int = 0
     outcome: Outcome = Outcome.OK
     attempts: int = 0

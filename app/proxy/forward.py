@@ -419,6 +419,7 @@ class Proxy:
                     prefill = pd.pick_prefill(job.ctx, tried)
                     if prefill is None:  # the last prefill worker left while this one queued
                         break
+                    job.record.prefill_worker = prefill.name
                     pair = pd.pair(
                         prefill, model=job.ctx.model, stream=request.stream, source=job.record.key
                     )

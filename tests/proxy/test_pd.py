@@ -4,6 +4,7 @@ loopback: the pair, its bootstrap fields, a room per attempt, and the failure ha
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,8 @@ async def test_a_stream_goes_to_both_with_the_bootstrap_fields_and_the_client_ge
     assert not p.aborted and not d.aborted
 
 
-async def test_a_whole_answer_is_ds_and_ps_is_dropped() -> None:
+async def test_a_whole_answer_is_ds_and_ps_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dflash_gateway.access")
     (p,), (d,) = pd_pair()
     p.texts = ("PREFILL",)
     async with GatewayHarness([], prefill=[p], decode=[d]) as gw:
@@ -100,6 +102,10 @@ async def test_a_whole_answer_is_ds_and_ps_is_dropped() -> None:
     assert ex.status == 200
     assert ex.json()["id"] == d.requests[0]["rid"] == p.requests[0]["rid"]
     assert ex.json()["choices"][0]["message"]["content"] == "Hello!"
+    # The access line names both sides of the pair.
+    (line,) = [r for r in caplog.records if r.name == "dflash_gateway.access"]
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["worker"], fields["prefill_worker"]) == (d.name, p.name)
 
 
 async def test_a_prefill_worker_without_a_port_gets_the_default_bootstrap_port() -> None:
