@@ -331,6 +331,16 @@ class DiscoveryConfig(_Section):
     label_selector: str = "kubernetes.io/service-name=dflash-workers"
     # kubernetes mode: the name of the EndpointSlice port the workers serve HTTP on.
     port_name: str = "http"
+    # kubernetes mode with PD disaggregation (pd.disaggregation): the label selector of the
+    # prefill workers' EndpointSlices (their headless Service's:
+    # kubernetes.io/service-name=<service>).
+    prefill_label_selector: str | None = None
+    # kubernetes mode with PD disaggregation: the label selector of the decode workers'
+    # EndpointSlices.
+    decode_label_selector: str | None = None
+    # kubernetes mode with PD disaggregation: the name of the prefill EndpointSlices' port that
+    # is the workers' --disaggregation-bootstrap-port (a slice without it: pd.bootstrap_port).
+    bootstrap_port_name: str = "bootstrap"
     # Full re-list period: heals a watch that missed a delete (no zombie workers).
     resync_s: float = Field(30.0, gt=0)
     # In a pod these come from the service account; set api_url to run outside a cluster.
@@ -576,8 +586,12 @@ class Settings(BaseSettings):
             )
         discovery = self.discovery
         by_role = discovery.prefill_dns_name and discovery.decode_dns_name
-        if self.pd.disaggregation and discovery.mode == "kubernetes":
-            raise ValueError("PD disaggregation takes discovery.mode static or dns")
+        by_selector = discovery.prefill_label_selector and discovery.decode_label_selector
+        if self.pd.disaggregation and discovery.mode == "kubernetes" and not by_selector:
+            raise ValueError(
+                "PD disaggregation with discovery.mode=kubernetes needs "
+                "discovery.prefill_label_selector and discovery.decode_label_selector"
+            )
         if self.pd.disaggregation and discovery.mode == "dns" and not by_role:
             raise ValueError(
                 "PD disaggregation with discovery.mode=dns needs discovery.prefill_dns_name "
@@ -585,13 +599,19 @@ class Settings(BaseSettings):
             )
         if (
             self.pd.disaggregation
-            and discovery.mode == "dns"
+            and discovery.mode != "static"
             and (self.pd.prefill or self.pd.decode)
         ):
             raise ValueError("pd.prefill and pd.decode are static discovery's: leave them empty")
         if not self.pd.disaggregation and (discovery.prefill_dns_name or discovery.decode_dns_name):
             raise ValueError(
                 "discovery.prefill_dns_name and decode_dns_name need pd.disaggregation"
+            )
+        if not self.pd.disaggregation and (
+            discovery.prefill_label_selector or discovery.decode_label_selector
+        ):
+            raise ValueError(
+                "discovery.prefill_label_selector and decode_label_selector need pd.disaggregation"
             )
         if self.pd.disaggregation and any(
             name.startswith("bootstrap_") for name in self.limits.extra_fields

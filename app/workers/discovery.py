@@ -1,4 +1,5 @@
-"""Where workers come from: a static list, DNS of a headless Service, or Kubernetes EndpointSlices.
+"""Where workers come from: a static list, DNS of a headless Service, or Kubernetes EndpointSlices
+(per role, too, for prefill/decode disaggregation).
 
 Each source is a ``Discovery`` whose ``run(publish)`` calls ``publish(endpoints)`` with the whole
 current set every time it may have changed, until cancelled. The pool reconciles against that
@@ -105,6 +106,66 @@ class PDDnsDiscovery:
             await asyncio.sleep(self._interval)
 
 
+class PDKubernetesDiscovery:
+    """PD disaggregation with Kubernetes: the prefill workers' and the decode workers'
+    EndpointSlices (``discovery.prefill_label_selector``, ``decode_label_selector``: each role's
+    headless Service), each listed and watched as ``KubernetesDiscovery`` does one selector,
+    published together with their roles. A prefill worker's bootstrap port is its slice's port
+    named ``discovery.bootstrap_port_name``, else ``pd.bootstrap_port``. A pod both selectors
+    find (a role label being changed, overlapping selectors) is in neither pool until it is in
+    one only: a worker of an unknown role would fail every pair it is in."""
+
+    def __init__(
+        self,
+        config: DiscoveryConfig,
+        pd: PDConfig,
+        clients: Mapping[Role, httpx.AsyncClient] | None = None,
+    ) -> None:
+        assert config.prefill_label_selector is not None
+        assert config.decode_label_selector is not None
+        clients = clients or {}
+        selectors: dict[Role, str] = {
+            "prefill": config.prefill_label_selector,
+            "decode": config.decode_label_selector,
+        }
+        self._sources = {
+            role: KubernetesDiscovery(
+                config.model_copy(update={"label_selector": selector}),
+                clients.get(role),
+                role=role,
+                bootstrap_port=pd.bootstrap_port if role == "prefill" else None,
+            )
+            for role, selector in selectors.items()
+        }
+        self._known: dict[Role, list[Endpoint]] = {}
+        self._both: set[str] = set()
+
+    def endpoints(self) -> list[Endpoint]:
+        """Both pools, less any worker found in both."""
+        names = [{e.name for e in found} for found in self._known.values()]
+        both = set.intersection(*names) if len(names) == 2 else set()
+        if both - self._both:
+            log.warning(
+                "workers %s are in both the prefill and the decode EndpointSlices; "
+                "left out of both pools until they are in one",
+                ", ".join(sorted(both - self._both)),
+            )
+        self._both = both
+        return [e for found in self._known.values() for e in found if e.name not in both]
+
+    async def run(self, publish: Publish) -> None:
+        def publisher(role: Role) -> Publish:
+            def publish_role(endpoints: list[Endpoint]) -> None:
+                self._known[role] = endpoints
+                publish(self.endpoints())
+
+            return publish_role
+
+        async with asyncio.TaskGroup() as tasks:
+            for role, source in self._sources.items():
+                tasks.create_task(source.run(publisher(role)))
+
+
 class Resolver(Protocol):
     async def addresses(self, host: str) -> list[str]: ...
 
@@ -172,9 +233,20 @@ class KubernetesDiscovery:
 
     PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 
-    def __init__(self, config: DiscoveryConfig, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        config: DiscoveryConfig,
+        client: httpx.AsyncClient | None = None,
+        *,
+        role: Role = "whole",
+        bootstrap_port: int | None = None,
+    ) -> None:
+        """``role``: every worker found is that PD role's; a prefill worker's bootstrap port is
+        its slice's port named ``discovery.bootstrap_port_name``, else ``bootstrap_port``."""
         assert config.api_url is not None
         self._config = config
+        self._role: Role = role
+        self._bootstrap_port = bootstrap_port
         self._path = self.PATH.format(namespace=config.namespace)
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
@@ -251,11 +323,15 @@ class KubernetesDiscovery:
     def endpoints(self) -> list[Endpoint]:
         found: dict[str, Endpoint] = {}
         for slice_ in self._slices.values():
-            port = self._port(slice_.get("ports") or [])
+            ports = slice_.get("ports") or []
+            port = self._port(ports)
             if port is None:
                 continue
+            bootstrap = self._bootstrap(ports) if self._role == "prefill" else None
             for entry in slice_.get("endpoints") or []:
                 endpoint = self._endpoint(entry, port)
+                if endpoint is not None and self._role != "whole":
+                    endpoint = replace(endpoint, role=self._role, bootstrap_port=bootstrap)
                 if endpoint is not None and (
                     endpoint.name not in found or found[endpoint.name].draining
                 ):
@@ -269,6 +345,12 @@ class KubernetesDiscovery:
         if len(ports) == 1 and ports[0].get("port"):
             return int(ports[0]["port"])
         return None
+
+    def _bootstrap(self, ports: Sequence[Mapping[str, Any]]) -> int | None:
+        for port in ports:
+            if port.get("name") == self._config.bootstrap_port_name and port.get("port"):
+                return int(port["port"])
+        return self._bootstrap_port
 
     @staticmethod
     def _endpoint(entry: Mapping[str, Any], port: int) -> Endpoint | None:
@@ -295,10 +377,13 @@ def make_discovery(
     resolver: Resolver | None = None,
     pd: PDConfig | None = None,
 ) -> Discovery:
-    """The worker source; ``pd``: PD disaggregation is on (its pools, static or by DNS)."""
+    """The worker source; ``pd``: PD disaggregation is on (its pools: static, by DNS or by
+    EndpointSlices)."""
     if pd is not None:
         if config.mode == "dns":
             return PDDnsDiscovery(config, pd, resolver)
+        if config.mode == "kubernetes":
+            return PDKubernetesDiscovery(config, pd)
         return PDStaticDiscovery(pd)
     if config.mode == "dns":
         return DnsDiscovery(config, resolver)

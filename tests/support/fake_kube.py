@@ -29,13 +29,19 @@ def endpoint_slice(
     ready: bool = True,
     terminating: bool = False,
     serving: bool | None = None,
+    bootstrap_port: int | None = None,
 ) -> dict[str, Any]:
+    """A Service's EndpointSlice; ``bootstrap_port``: a prefill Service's second port, named
+    ``bootstrap`` as the chart names it."""
+    ports: list[dict[str, Any]] = [{"name": "http", "port": port, "protocol": "TCP"}]
+    if bootstrap_port is not None:
+        ports.append({"name": "bootstrap", "port": bootstrap_port, "protocol": "TCP"})
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
         "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "ports": ports,
         "endpoints": [
             {
                 "addresses": [ip],

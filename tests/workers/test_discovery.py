@@ -259,7 +259,217 @@ def test_pd_settings_take_static_lists_or_both_dns_names() -> None:
         Settings(pd={"disaggregation": True}, discovery={"mode": "dns", "dns_name": "w"})
     with pytest.raises(ValueError, match=r"need pd\.disaggregation"):
         Settings(discovery=dns)
-    with pytest.raises(ValueError, match="static or dns"):
+    with pytest.raises(ValueError, match=r"prefill_label_selector and discovery\.decode_label"):
         Settings(
             pd={"disaggregation": True}, discovery={"mode": "kubernetes", "api_url": "http://k"}
         )
+    by_selector = {
+        "mode": "kubernetes",
+        "api_url": "http://k",
+        "prefill_label_selector": "kubernetes.io/service-name=p",
+        "decode_label_selector": "kubernetes.io/service-name=d",
+    }
+    settings = Settings(pd={"disaggregation": True}, discovery=by_selector)
+    assert not settings.embedded_default
+    with pytest.raises(ValueError, match=r"decode_label_selector need pd\.disaggregation"):
+        Settings(discovery=by_selector)
+    with pytest.raises(ValueError, match="static discovery's"):
+        Settings(
+            pd={"disaggregation": True, "prefill": ["http://p:1"], "decode": ["http://d:1"]},
+            discovery=by_selector,
+        )
+
+
+PREFILL = "kubernetes.io/service-name=kimi-prefill"
+DECODE = "kubernetes.io/service-name=kimi-decode"
+
+
+def _pd_config(api: FakeKubeApi, tmp_path: Path, resync_s: float = 30.0) -> DiscoveryConfig:
+    return _config(api, tmp_path, resync_s).model_copy(
+        update={"prefill_label_selector": PREFILL, "decode_label_selector": DECODE}
+    )
+
+
+def _roles(seen: Snapshots) -> set[tuple[str, str, str, int | None]]:
+    return {(e.name, e.url, e.role, e.bootstrap_port) for e in seen.latest or []}
+
+
+async def test_pd_endpointslices_give_each_pool_its_role_and_bootstrap_port(
+    kube: FakeKubeApi, tmp_path: Path
+) -> None:
+    from app.config import PDConfig
+
+    await kube.put(
+        endpoint_slice(
+            "kimi-prefill-abc",
+            [("kimi-prefill-0", "10.2.0.1"), ("kimi-prefill-1", "10.2.0.2")],
+            service="kimi-prefill",
+            bootstrap_port=8999,
+        )
+    )
+    await kube.put(
+        endpoint_slice("kimi-decode-abc", [("kimi-decode-0", "10.3.0.1")], service="kimi-decode")
+    )
+    # Whole workers of the same namespace belong to neither pool.
+    await kube.put(endpoint_slice("w-a", [("dflash-worker-0", "10.1.0.1")]))
+    pd = PDConfig(disaggregation=True, bootstrap_port=9000)
+    seen = Snapshots()
+    task = asyncio.create_task(make_discovery(_pd_config(kube, tmp_path), [], pd=pd).run(seen))
+    try:
+        await seen.until(lambda: len(seen.names()) == 3)
+        assert _roles(seen) == {
+            ("kimi-prefill-0", "http://10.2.0.1:30000", "prefill", 8999),
+            ("kimi-prefill-1", "http://10.2.0.2:30000", "prefill", 8999),
+            ("kimi-decode-0", "http://10.3.0.1:30000", "decode", None),
+        }
+        # A prefill slice without a port named bootstrap: pd.bootstrap_port.
+        await kube.put(
+            endpoint_slice(
+                "kimi-prefill-def", [("kimi-prefill-2", "10.2.0.3")], service="kimi-prefill"
+            )
+        )
+        await seen.until(lambda: "kimi-prefill-2" in seen.names())
+        assert ("kimi-prefill-2", "http://10.2.0.3:30000", "prefill", 9000) in _roles(seen)
+        # A decode pod that joins through the watch joins the decode pool only.
+        await kube.put(
+            endpoint_slice(
+                "kimi-decode-abc",
+                [("kimi-decode-0", "10.3.0.1"), ("kimi-decode-1", "10.3.0.2")],
+                service="kimi-decode",
+            )
+        )
+        await seen.until(lambda: "kimi-decode-1" in seen.names())
+        by_role = {
+            role: {n for n, _, r, _ in _roles(seen) if r == role} for role in ("prefill", "decode")
+        }
+        assert by_role == {
+            "prefill": {"kimi-prefill-0", "kimi-prefill-1", "kimi-prefill-2"},
+            "decode": {"kimi-decode-0", "kimi-decode-1"},
+        }
+        assert kube.lists == 2  # one list per role, the rest came through the watches
+        assert kube.watches >= 2
+    finally:
+        await _stop(task)
+
+
+async def test_pd_pod_leaving_its_slice_leaves_its_pool(kube: FakeKubeApi, tmp_path: Path) -> None:
+    from app.config import PDConfig
+    from app.workers.pool import WorkerPool
+
+    await kube.put(
+        endpoint_slice(
+            "kimi-prefill-abc",
+            [("kimi-prefill-0", "10.2.0.1"), ("kimi-prefill-1", "10.2.0.2")],
+            service="kimi-prefill",
+            bootstrap_port=8999,
+        )
+    )
+    await kube.put(
+        endpoint_slice(
+            "kimi-decode-abc",
+            [("kimi-decode-0", "10.3.0.1"), ("kimi-decode-1", "10.3.0.2")],
+            service="kimi-decode",
+        )
+    )
+    pool = WorkerPool()
+    seen = Snapshots()
+
+    def publish(endpoints: list[Endpoint]) -> None:
+        seen(endpoints)
+        pool.reconcile(endpoints)
+
+    pd = PDConfig(disaggregation=True)
+    task = asyncio.create_task(make_discovery(_pd_config(kube, tmp_path), [], pd=pd).run(publish))
+    try:
+        await seen.until(lambda: len(pool.workers) == 4)
+        # kimi-prefill-1 is deleted: its slice no longer lists it.
+        await kube.put(
+            endpoint_slice(
+                "kimi-prefill-abc",
+                [("kimi-prefill-0", "10.2.0.1")],
+                service="kimi-prefill",
+                bootstrap_port=8999,
+            )
+        )
+        await seen.until(lambda: "kimi-prefill-1" not in seen.names())
+        assert {(w.name, w.role) for w in pool.workers} == {
+            ("kimi-prefill-0", "prefill"),
+            ("kimi-decode-0", "decode"),
+            ("kimi-decode-1", "decode"),
+        }
+        # A decode pod terminating is drained in the decode pool, the prefill pool untouched.
+        await kube.put(
+            endpoint_slice(
+                "kimi-decode-abc", [("kimi-decode-0", "10.3.0.1")], service="kimi-decode"
+            )
+        )
+        await kube.put(
+            endpoint_slice(
+                "kimi-decode-term",
+                [("kimi-decode-1", "10.3.0.2")],
+                service="kimi-decode",
+                ready=False,
+                terminating=True,
+                serving=True,
+            )
+        )
+        await seen.until(lambda: any(e.draining for e in seen.latest or []))
+        assert [(e.name, e.role) for e in seen.latest or [] if e.draining] == [
+            ("kimi-decode-1", "decode")
+        ]
+        # The decode slice goes: the decode pool is empty, the prefill pool is as it was.
+        await kube.delete("kimi-decode-abc")
+        await kube.delete("kimi-decode-term")
+        await seen.until(lambda: seen.names() == {"kimi-prefill-0"})
+        assert [(w.name, w.role, w.bootstrap_port) for w in pool.workers] == [
+            ("kimi-prefill-0", "prefill", 8999)
+        ]
+    finally:
+        await _stop(task)
+
+
+async def test_pd_pools_never_mix(kube: FakeKubeApi, tmp_path: Path) -> None:
+    """A pod both selectors find (its role label changed while the old slice still lists it)
+    joins neither pool until it is in one; a decode slice's bootstrap port is never read."""
+    from app.config import PDConfig
+
+    await kube.put(
+        endpoint_slice(
+            "kimi-prefill-abc",
+            [("kimi-prefill-0", "10.2.0.1"), ("kimi-x-0", "10.2.0.9")],
+            service="kimi-prefill",
+            bootstrap_port=8999,
+        )
+    )
+    # A decode Service that (wrongly) exposes a bootstrap port too.
+    await kube.put(
+        endpoint_slice(
+            "kimi-decode-abc",
+            [("kimi-decode-0", "10.3.0.1"), ("kimi-x-0", "10.2.0.9")],
+            service="kimi-decode",
+            bootstrap_port=8999,
+        )
+    )
+    pd = PDConfig(disaggregation=True)
+    seen = Snapshots()
+    task = asyncio.create_task(make_discovery(_pd_config(kube, tmp_path), [], pd=pd).run(seen))
+    try:
+        await seen.until(lambda: seen.names() == {"kimi-prefill-0", "kimi-decode-0"})
+        assert _roles(seen) == {
+            ("kimi-prefill-0", "http://10.2.0.1:30000", "prefill", 8999),
+            ("kimi-decode-0", "http://10.3.0.1:30000", "decode", None),
+        }
+        # The prefill slice lets go of it: it is a decode worker now.
+        await kube.put(
+            endpoint_slice(
+                "kimi-prefill-abc",
+                [("kimi-prefill-0", "10.2.0.1")],
+                service="kimi-prefill",
+                bootstrap_port=8999,
+            )
+        )
+        await seen.until(lambda: "kimi-x-0" in seen.names())
+        assert ("kimi-x-0", "http://10.2.0.9:30000", "decode", None) in _roles(seen)
+        assert len(seen.latest or []) == 3
+    finally:
+        await _stop(task)
