@@ -221,3 +221,47 @@ async def test_dns_mode_resolves_exactly_the_headless_service(
     # No API access is granted when it is not used.
     assert m.all("Role") == []
     assert pod_spec(m.gateway)["automountServiceAccountToken"] is False
+
+
+async def test_pd_kubernetes_mode_finds_each_roles_pods_with_the_bootstrap_port(
+    render: Callable[..., Manifests], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """workers.disaggregation.discovery kubernetes: the gateway, with the settings file the chart
+    renders, finds every prefill pod (with the port of its Service named bootstrap) and every
+    decode pod from their own Services' EndpointSlices, and nothing else."""
+    m = render("pd-kubernetes-discovery")
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    async with FakeKubeApi(namespace=NAMESPACE) as api:
+        settings = gateway_settings(
+            m,
+            tmp_path,
+            monkeypatch,
+            DFLASH_GATEWAY_DISCOVERY__API_URL=api.url,
+            DFLASH_GATEWAY_DISCOVERY__TOKEN_FILE=str(token),
+        )
+        assert settings.pd.disaggregation
+        assert settings.discovery.mode == "kubernetes"
+        assert m.one("Role")["metadata"]["namespace"] == settings.discovery.namespace == NAMESPACE
+        for s in endpoint_slices(m):
+            await api.put(s)
+        found: asyncio.Queue[list[Endpoint]] = asyncio.Queue()
+        discovery = make_discovery(settings.discovery, settings.worker_urls, pd=settings.pd)
+        task = asyncio.create_task(discovery.run(found.put_nowait))
+        try:
+            while True:
+                endpoints = await asyncio.wait_for(found.get(), 10)
+                if {e.role for e in endpoints} == {"prefill", "decode"}:
+                    break
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    ips = {p["name"]: p["ip"] for p in pods(m)}
+    expected = {
+        (f"{RELEASE}-dflash-gateway-{role}-{i}", role, port)
+        for role, replicas, port in (("prefill", 2, 8999), ("decode", 3, None))
+        for i in range(replicas)
+    }
+    assert {(e.name, e.role, e.bootstrap_port) for e in endpoints} == expected
+    assert all(e.url == f"http://{ips[e.name]}:30000" for e in endpoints)

@@ -213,3 +213,49 @@ def test_pd_off_renders_no_role_objects(render: Callable[..., Manifests]) -> Non
     assert not any("disaggregation" in arg for arg in container(m.workers, "sglang")["args"])
     assert "--pd-disaggregation" not in container(m.gateway, "gateway")["args"]
     assert "dflash-gateway.io/role" not in m.workers["spec"]["selector"]["matchLabels"]
+
+
+def test_kubernetes_discovery_option_watches_each_roles_slices(
+    render: Callable[..., Manifests], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """workers.disaggregation.discovery kubernetes: no pod list on the command line; the settings
+    name each role's Service's EndpointSlices, and the Role and token the watch needs are there.
+    The default stays static."""
+    import os
+
+    import app.__main__ as cli
+    from app.config import ENV_PREFIX, load_settings
+
+    assert "--prefill" in container(render(PD).gateway, "gateway")["args"]
+    m = render("pd-kubernetes-discovery")
+    args = container(m.gateway, "gateway")["args"]
+    assert "--pd-disaggregation" in args
+    assert "--prefill" not in args and "--decode" not in args
+    assert m.gateway_settings()["discovery"] == {
+        "mode": "kubernetes",
+        "namespace": NAMESPACE,
+        "prefill_label_selector": f"kubernetes.io/service-name={FULL}-prefill",
+        "decode_label_selector": f"kubernetes.io/service-name={FULL}-decode",
+        "bootstrap_port_name": "bootstrap",
+        "port_name": "http",
+        "resync_s": 20,
+    }
+    # The names the selectors give are the role Services', whose ports carry those names.
+    for role in ("prefill", "decode"):
+        names = {p["name"] for p in m.one("Service", f"{FULL}-{role}")["spec"]["ports"]}
+        assert names == ({"http", "bootstrap"} if role == "prefill" else {"http"})
+    [rule] = m.one("Role")["rules"]
+    assert rule["resources"] == ["endpointslices"] and rule["verbs"] == ["get", "list", "watch"]
+    assert m.gateway["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv(f"{ENV_PREFIX}DISCOVERY__API_URL", "https://10.96.0.1:443")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(m.one("ConfigMap", FULL)["data"]["gateway.yaml"])
+    parsed = cli.build_parser().parse_args(["serve", *args])
+    settings = load_settings(config_file=path, pd=cli._pd_flags(parsed))
+    assert settings.pd.disaggregation and not settings.pd.prefill
+    assert settings.pd.bootstrap_port == 8999  # for a slice without the bootstrap port
+    assert not settings.embedded_default

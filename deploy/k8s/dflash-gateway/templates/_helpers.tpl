@@ -107,9 +107,18 @@ EndpointSlice of a Service, naming the workers' headless Service - so exactly it
 {{- end }}
 {{- end }}
 
-{{/* Discovery mode actually used: static when external worker URLs are given. */}}
+{{/* Discovery mode actually used: static when external worker URLs are given; with
+workers.disaggregation, workers.disaggregation.discovery. */}}
 {{- define "dflash-gateway.discoveryMode" -}}
-{{- if or .Values.externalWorkers.urls (eq (include "dflash-gateway.pd" .) "true") }}static{{ else }}{{ .Values.gateway.discovery.mode }}{{ end }}
+{{- if .Values.externalWorkers.urls }}static
+{{- else if eq (include "dflash-gateway.pd" .) "true" }}{{ .Values.workers.disaggregation.discovery }}
+{{- else }}{{ .Values.gateway.discovery.mode }}{{ end }}
+{{- end }}
+
+{{/* The label selector of one PD role's EndpointSlices (its headless Service's). Call like
+roleName. */}}
+{{- define "dflash-gateway.roleSelectorString" -}}
+{{- printf "kubernetes.io/service-name=%s" (include "dflash-gateway.roleName" .) }}
 {{- end }}
 
 {{- define "dflash-gateway.discoveryNamespace" -}}
