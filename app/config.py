@@ -398,9 +398,10 @@ class PDConfig(_Section):
     ``--pd-disaggregation``): every request goes to one prefill and one decode worker at once,
     with the bootstrap fields that pair them; the decode worker's answer is the client's."""
 
-    # On: requests are served by prefill + decode pairs (``pd.prefill`` and ``pd.decode``);
-    # ``worker_urls`` must be empty. With neither list given, serve starts the embedded default
-    # as one emulated prefill and one emulated decode worker.
+    # On: requests are served by prefill + decode pairs (``pd.prefill`` and ``pd.decode``, or
+    # each role's DNS name or EndpointSlices: discovery.*); ``worker_urls`` must be empty. With
+    # no worker source, serve starts the embedded default as one emulated prefill and one
+    # emulated decode worker.
     disaggregation: bool = False
     # Prefill workers as sglang-router's ``--prefill`` takes them: ``URL`` or ``URL PORT`` (PORT:
     # the worker's ``--disaggregation-bootstrap-port``; else ``pd.bootstrap_port``).
