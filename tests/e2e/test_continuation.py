@@ -342,6 +342,55 @@ def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> N
     assert continued == 2
 
 
+def test_reasoning_tokens_cover_every_attempt_of_a_stream_broken_while_thinking(
+    fresh: Stack,
+) -> None:
+    """A stream broken in its reasoning part (after 25 events: the emulator thinks for at least
+    200 tokens) and continued tells its client the reasoning tokens of the unbroken stream, on
+    the chat completions usage chunk and on the Responses API's usage, and the workers' own
+    reasoning tokens add up to them."""
+    unbroken = post(fresh.gw, body(stream_options={"include_usage": True}))
+    want = chunks_of(events_of(unbroken.text))[-1]["usage"]
+    assert want["reasoning_tokens"] > 25
+    with openai.OpenAI(base_url=fresh.gw.url + "/v1", api_key=KEY, max_retries=0) as oai:
+
+        def response() -> tuple[int, int]:
+            with oai.responses.stream(
+                model=MODEL, input=PROMPT, max_output_tokens=4000, extra_body={"seed": 11}
+            ) as rstream:
+                done = rstream.get_final_response()
+            assert done.status == "completed" and done.usage is not None
+            return done.usage.output_tokens, done.usage.output_tokens_details.reasoning_tokens
+
+        rwant = response()
+        assert rwant[1] > 25
+        break_two(fresh, after=25)
+        continued = n = 0
+        while continued < 2 and n < 8:  # round robin: most start on a breaking worker
+            n += 1
+            request_id = f"continued-reasoning-{n}"
+            response_ = httpx.post(
+                fresh.gw.url + CHAT,
+                json=body(stream_options={"include_usage": True}),
+                headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
+                timeout=60,
+            )
+            usage = chunks_of(events_of(response_.text))[-1]["usage"]
+            attempts = [
+                r
+                for emu in fresh.emus
+                for r in fresh.stats(emu)["requests"]
+                if r["request_id"] == request_id
+            ]
+            continued += len(attempts) > 1
+            assert usage["reasoning_tokens"] == want["reasoning_tokens"]
+            assert usage["completion_tokens_details"] == want["completion_tokens_details"]
+            assert usage["reasoning_tokens"] == sum(r["reasoning_tokens"] for r in attempts)
+        assert continued == 2
+        for _ in range(3):
+            assert response() == rwant
+
+
 def test_a_continuation_ends_where_the_unbroken_stream_would_at_max_tokens(fresh: Stack) -> None:
     """The continuation's max_tokens is what was asked less the tokens streamed, counted by the
     worker (not estimated): a stream cut by max_tokens ends at the same token either way."""

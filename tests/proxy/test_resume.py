@@ -112,7 +112,7 @@ def test_the_continuation_has_the_first_id_no_role_chunk_and_usage_of_both() -> 
     assert docs[-1]["usage"] == {"prompt_tokens": 42, "completion_tokens": 23, "total_tokens": 65}
     assert resume.usage is not None and resume.usage.exact
     assert resume.usage.continuation_prompt_tokens == 30
-    shares = [(w.name if w else None, p, c, s) for w, p, c, s in resume.usage.shares]
+    shares = [(w.name if w else None, p, c, s) for w, p, c, s, _ in resume.usage.shares]
     assert shares == [("w1", 12, 18, 2), (None, 30, 5, None)]
 
 
@@ -136,7 +136,7 @@ def test_two_breaks_credit_each_attempt_with_what_it_streamed() -> None:
     usage = keep.usage(37, 4)  # 30 + the 7 tokens w2 streamed
     assert usage is not None and usage.exact
     assert (usage.prompt_tokens, usage.completion_tokens) == (10 + 30 + 37, 20 + 7 + 4)
-    shares = [(w.name if w else None, p, c, s) for w, p, c, s in usage.shares]
+    shares = [(w.name if w else None, p, c, s) for w, p, c, s, _ in usage.shares]
     assert shares == [("w1", 10, 20, 2), ("w2", 30, 7, 1), (None, 37, 4, None)]
 
 
