@@ -391,6 +391,41 @@ def test_reasoning_tokens_cover_every_attempt_of_a_stream_broken_while_thinking(
             assert response() == rwant
 
 
+def test_reasoning_tokens_of_a_stream_broken_after_its_answer_began(fresh: Stack) -> None:
+    """Broken a few events into the answer: the attempt that broke streamed the reasoning and
+    the start of the answer, the continuation only answer; the client is told the unbroken
+    stream's reasoning tokens (the broken attempt's counted up to its </think> by a worker)."""
+    unbroken = post(fresh.gw, body(stream_options={"include_usage": True}))
+    chunks = chunks_of(events_of(unbroken.text))
+    want = chunks[-1]["usage"]
+    thinking = sum(1 for c in chunks for ch in c["choices"] if ch["delta"].get("reasoning_content"))
+    break_two(fresh, after=thinking + 4)  # the role chunk, the reasoning, three answer chunks
+    continued = n = 0
+    while continued < 2 and n < 8:
+        n += 1
+        request_id = f"continued-answer-{n}"
+        response = httpx.post(
+            fresh.gw.url + CHAT,
+            json=body(stream_options={"include_usage": True}),
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
+            timeout=60,
+        )
+        got = chunks_of(events_of(response.text))
+        attempts = [
+            r
+            for emu in fresh.emus
+            for r in fresh.stats(emu)["requests"]
+            if r["request_id"] == request_id
+        ]
+        continued += len(attempts) > 1
+        assert texts(got)[:2] == texts(chunks)[:2]
+        usage = got[-1]["usage"]
+        assert usage["completion_tokens"] == want["completion_tokens"]
+        assert usage["reasoning_tokens"] == want["reasoning_tokens"]
+        assert usage["completion_tokens_details"] == want["completion_tokens_details"]
+    assert continued == 2
+
+
 def test_a_continuation_ends_where_the_unbroken_stream_would_at_max_tokens(fresh: Stack) -> None:
     """The continuation's max_tokens is what was asked less the tokens streamed, counted by the
     worker (not estimated): a stream cut by max_tokens ends at the same token either way."""
