@@ -20,7 +20,7 @@ import openai
 import orjson
 import pytest
 
-from tests.e2e.conftest import Stack, emulator, gateway
+from tests.e2e.conftest import Stack, emulator, gateway, poll
 from tests.support.procs import ManagedProcess, ProcessManager
 from tests.support.tools import require_tool
 
@@ -342,6 +342,18 @@ def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> N
     assert continued == 2
 
 
+def access_record(gw: ManagedProcess, request_id: str) -> dict[str, str]:
+    """The gateway's access-log fields for ``request_id`` (its ``key=value`` line)."""
+
+    def line() -> str | None:
+        return next(
+            (ln for ln in gw.logs().splitlines() if f"request_id={request_id} " in ln), None
+        )
+
+    found = poll(line)
+    return dict(re.findall(r"(\w+)=(\S+)", found))
+
+
 def test_reasoning_tokens_cover_every_attempt_of_a_stream_broken_while_thinking(
     fresh: Stack,
 ) -> None:
@@ -386,6 +398,8 @@ def test_reasoning_tokens_cover_every_attempt_of_a_stream_broken_while_thinking(
             assert usage["reasoning_tokens"] == want["reasoning_tokens"]
             assert usage["completion_tokens_details"] == want["completion_tokens_details"]
             assert usage["reasoning_tokens"] == sum(r["reasoning_tokens"] for r in attempts)
+            record = access_record(fresh.gw, request_id)
+            assert int(record["reasoning_tokens"]) == want["reasoning_tokens"]
         assert continued == 2
         for _ in range(3):
             assert response() == rwant
