@@ -43,7 +43,9 @@ completion tokens; the prefix counts as prompt: SGLang encodes the prefix on its
 its tokens to the conversation's (``_append_assistant_prefix_to_prompt_ids``), and the emulator's
 tokenizer encodes the model's own output to the tokens that made it (``prefix_tokens``: the
 replayed tokens, less the one the rest of a cut step still counts), so a stream continued after
-a break costs, over its two attempts, the completion tokens the unbroken one would have.
+a break costs, over its two attempts, the completion tokens the unbroken one would have. A
+prefix that closes its reasoning with no answer yet (``<think>`` reasoning ``</think>``) counts
+the tokens through the ``</think>``: the reasoning tokens of the unbroken answer.
 """
 
 from __future__ import annotations
@@ -113,8 +115,14 @@ class Generation:
         self.tool_called: Tool | None = None
         self._pending: Step | None = None  # the rest of a step the prefix ended inside
         self.prefix_tokens = 0  # the continued prefix's tokens (counted as prompt)
+        self._thought = False  # the </think> was drawn
+        self._replayed_reasoning = 0
         if req.continued:
             self._replay(req.prefix_reasoning, req.prefix_content)
+            if req.prefix_closed and not req.prefix_content:
+                # ``<think>`` reasoning ``</think>``: the tokens through the </think> (the
+                # reasoning tokens the answer's generation counts before it).
+                self.prefix_tokens = self._replayed_reasoning + (not self._thought)
 
     def _replay(self, reasoning: str, content: str) -> None:
         """Draw the steps that produced ``reasoning`` and ``content`` (see the module doc)."""
@@ -139,6 +147,7 @@ class Generation:
                 break
         self._limit, self._stops = limit, stops
         self.prefix_tokens = self.completion_tokens - (self._pending is not None)
+        self._replayed_reasoning = self.reasoning_tokens
         self.completion_tokens = self.reasoning_tokens = 0
         self.step_tokens = []
         if self._pending is not None:
@@ -177,6 +186,7 @@ class Generation:
             if kind == _R:
                 step.reasoning += text
                 self.reasoning_tokens += 1
+                self._thought = self._thought or not text
             elif kind == _C:
                 step.content += text
             elif kind == _NAME:

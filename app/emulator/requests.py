@@ -99,6 +99,7 @@ class GenRequest:
     # the reasoning and the answer it already holds (the generation resumes after them).
     prefix_reasoning: str = ""
     prefix_content: str = ""
+    prefix_closed: bool = False  # the prefix holds the ``</think>``
 
     @property
     def constrained(self) -> bool:
@@ -255,7 +256,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     rendered: list[str] = []
     last_user = ""
     history_calls = 0
-    prefix = ("", "")
+    prefix = ("", "", False)
     last = messages[-1]
     if (
         body.get("continue_final_message") is True
@@ -315,6 +316,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
         after_tool_result=bool(messages) and messages[-1].get("role") == "tool",
         prefix_reasoning=prefix[0],
         prefix_content=prefix[1],
+        prefix_closed=prefix[2],
         return_meta_info=bool(body.get("return_meta_info", False)),
         logprobs=body.get("logprobs") is True,
         top_logprobs=_count(body.get("top_logprobs")),
@@ -322,14 +324,15 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     )
 
 
-def _split_prefix(text: str) -> tuple[str, str]:
-    """An assistant prefix as (reasoning, answer): Kimi's raw output is ``<think>`` reasoning
-    ``</think>`` answer; an open ``<think>`` without its end is reasoning still under way."""
+def _split_prefix(text: str) -> tuple[str, str, bool]:
+    """An assistant prefix as (reasoning, answer, whether the reasoning is closed): Kimi's raw
+    output is ``<think>`` reasoning ``</think>`` answer; an open ``<think>`` without its end is
+    reasoning still under way."""
     if text.startswith("<think>"):
         body = text[len("<think>") :]
         reasoning, end, answer = body.partition("</think>")
-        return reasoning, answer if end else ""
-    return "", text
+        return reasoning, answer if end else "", bool(end)
+    return "", text, False
 
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:

@@ -44,7 +44,13 @@ from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.pd import Disaggregation, Pair
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.resume import ContinuedUsage, Resume, Stream, continuation_body
+from app.proxy.resume import (
+    ContinuedUsage,
+    Resume,
+    Stream,
+    continuation_body,
+    reasoning_closed,
+)
 from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
@@ -343,7 +349,7 @@ class Proxy:
         record.continuation_prompt_tokens = continued.continuation_prompt_tokens
         record.tokens_estimated = not continued.exact
         total = 0
-        for worker, prompt, completion, own in continued.shares:
+        for worker, prompt, completion, own, reasoning in continued.shares:
             if worker is None:  # the last attempt: the stream's steps less the others'
                 own = steps - total if steps is not None and steps > total else None
                 worker = last
@@ -353,7 +359,7 @@ class Proxy:
                 worker.name,
                 prompt=prompt,
                 completion=completion,
-                reasoning=None,
+                reasoning=reasoning,
                 verify_steps=metrics_steps,
                 source="estimated" if metrics_steps else None,
             )
@@ -513,6 +519,8 @@ class Proxy:
             first.pop("rid", None)
             sent = orjson.dumps(first)
         keep.broke(job.attempt.worker, part, sent)
+        if part.reasoning and part.content and keep.closing is None:
+            keep.closing = reasoning_closed(first, part)  # the thinking is over: count it once
         keep.asked = {k: first[k] for k in ("max_tokens", "max_completion_tokens") if k in first}
         keep.next = continued
         keep.body = orjson.dumps(continued)
@@ -537,10 +545,13 @@ class Proxy:
     async def _count(self, keep: Stream, worker: Worker) -> None:
         """Before a continuation on ``worker``: the prompt tokens of the attempts that broke and
         of the continuation, as ``worker`` counts them; from them the tokens streamed so far,
-        which set the continuation's ``max_tokens`` (``app.proxy.resume``)."""
+        which set the continuation's ``max_tokens`` (``app.proxy.resume``). Once the answer has
+        begun, also the first prompt with the reasoning closed (the reasoning tokens streamed)."""
         for leg in keep.legs:
             if leg.prompt_tokens is None:
                 leg.prompt_tokens = await self._client.prompt_tokens(worker, leg.body)
+        if keep.closing is not None and keep.closed is None:
+            keep.closed = await self._client.prompt_tokens(worker, keep.closing)
         first = keep.legs[0].prompt_tokens if keep.legs else None
         if first is not None and keep.body is not None and keep.asked:
             sent = keep.counted = await self._client.prompt_tokens(worker, keep.body)

@@ -41,6 +41,20 @@ own worker's token and acceptance metrics. When a count is missing (no worker an
 tokenize call), the streamed tokens are estimated (a token per 4 characters) and the
 continuations' prompts left out, as the usage log's ``tokens_estimated`` says.
 
+Reasoning tokens across attempts: SGLang 0.5.23 counts a request's output tokens as reasoning up
+to and including the first ``</think>`` it generates (``schedule_batch.py``
+``Req.update_reasoning_tokens``, for every ``kimi_k2`` request not sent ``thinking: false``); it
+does not look at the prompt, so a continuation started after the thinking closed (the answer had
+begun) never generates one and would report every token it streamed as reasoning: it streamed
+none (0). An attempt that broke still thinking streamed only reasoning (its share ``P_(k+1) -
+P_k``); the one that broke after the answer began, having started inside the reasoning, streamed
+the rest of the reasoning, the ``</think>`` and some answer: its reasoning is the tokens up to the
+``</think>``, ``T - P_k`` with ``T`` the first attempt's prompt continued with the whole
+reasoning closed (``<think>`` reasoning ``</think>``: ``Stream.closing``), counted by the same
+tokenize call (``Stream.closed``). So the client's ``reasoning_tokens`` are those of the unbroken
+stream. Without that count they are estimated like the rest (a token per 4 characters, plus the
+``</think>``), as ``tokens_estimated`` says.
+
 What breaks a stream: the connection dropped or reset, the idle deadline, the end without
 ``[DONE]``, and after the commit point a worker's in-band error event of the worker's fault (5xx or
 no status: held back by the observer, with the ``[DONE]`` after it, instead of relayed:
@@ -172,25 +186,33 @@ def read_partial(data: bytes) -> Partial:
 class Leg:
     """An attempt of a continued stream that broke: its worker, the verify steps it relayed
     (data events that carried text), what it streamed (estimated tokens), its chat body and that
-    body's prompt tokens as a worker counts them (None: not counted)."""
+    body's prompt tokens as a worker counts them (None: not counted); the characters of
+    reasoning it streamed and whether the answer had begun when it broke."""
 
     worker: Worker
     steps: int
     estimate: int
     body: bytes
     prompt_tokens: int | None = None
+    reasoning_chars: int = 0
+    answered: bool = False
+
+
+# An attempt's counts: (worker, prompt, completion, verify steps, reasoning); worker None: the last.
+Share = tuple["Worker | None", "int | None", int, "int | None", "int | None"]
 
 
 @dataclass(slots=True)
 class ContinuedUsage:
     """A continued stream's token counts: the client's (all attempts) and each attempt's own,
-    worker by worker, as (worker, prompt, completion, verify steps)."""
+    worker by worker, as (worker, prompt, completion, verify steps, reasoning)."""
 
     prompt_tokens: int
     completion_tokens: int
     continuation_prompt_tokens: int  # of prompt_tokens: the continuations' prompts
     exact: bool
-    shares: list[tuple[Worker | None, int | None, int, int | None]]
+    shares: list[Share]
+    reasoning_tokens: int | None = None  # of completion_tokens (None: the worker reported none)
 
 
 @dataclass(slots=True)
@@ -205,6 +227,8 @@ class Stream:
     asked: dict[str, Any] = field(default_factory=dict)  # the client's max_tokens fields
     counted: int | None = None  # the running continuation's prompt tokens, as a worker counted
     last: tuple[int | None, int | None] | None = None  # the last attempt's (prompt, completion)
+    closing: bytes | None = None  # the first body continued with the reasoning closed...
+    closed: int | None = None  # ...and its prompt tokens, as a worker counted them
 
     def broke(self, worker: Worker, part: Partial, body: bytes) -> None:
         """The running attempt on ``worker``, sent ``body``, broke after relaying ``part``
@@ -212,7 +236,10 @@ class Stream:
         steps = part.steps - sum(leg.steps for leg in self.legs)
         estimate = part.tokens - sum(leg.estimate for leg in self.legs)
         counted = self.counted if self.body is not None and body is self.body else None
-        self.legs.append(Leg(worker, max(0, steps), max(0, estimate), body, counted))
+        chars = len(part.reasoning) - sum(leg.reasoning_chars for leg in self.legs)
+        leg = Leg(worker, max(0, steps), max(0, estimate), body, counted, max(0, chars))
+        leg.answered = bool(part.content)
+        self.legs.append(leg)
         self.counted = None
 
     def budget(self, streamed: int) -> None:
@@ -225,37 +252,72 @@ class Stream:
                 self.next[name] = max(1, asked - streamed)
         self.body = orjson.dumps(self.next)
 
-    def usage(self, prompt: int | None, completion: int | None) -> ContinuedUsage | None:
-        """The client's counts given the last attempt's ``prompt`` and ``completion`` tokens
-        (see the module doc); None without legs or a completion count."""
+    def usage(
+        self, prompt: int | None, completion: int | None, reasoning: int | None = None
+    ) -> ContinuedUsage | None:
+        """The client's counts given the last attempt's ``prompt``, ``completion`` and
+        ``reasoning`` tokens (see the module doc); None without legs or a completion count."""
         self.last = (prompt, completion)
         legs = self.legs
         if not legs or completion is None:
             return None
+        if legs[-1].answered:  # the last attempt began after the thinking closed
+            reasoning = 0 if reasoning is not None else None
         counts = [leg.prompt_tokens for leg in legs]
         if prompt is not None and None not in counts:
             prompts = [c for c in counts if c is not None] + [prompt]
             streamed = [max(0, prompts[k + 1] - prompts[k]) for k in range(len(legs))]
             if sum(streamed) == prompt - prompts[0]:  # each attempt's prompt grew
-                shares: list[tuple[Worker | None, int | None, int, int | None]] = [
-                    (leg.worker, prompts[k], streamed[k], leg.steps or None)
+                thought, exact = self._reasoning(streamed, prompts)
+                shares: list[Share] = [
+                    (leg.worker, prompts[k], streamed[k], leg.steps or None, thought[k])
                     for k, leg in enumerate(legs)
                 ]
                 return ContinuedUsage(
                     sum(prompts),
                     sum(streamed) + completion,
                     sum(prompts[1:]),
-                    True,
-                    [*shares, (None, prompt, completion, None)],
+                    exact,
+                    [*shares, (None, prompt, completion, None, reasoning)],
+                    _total(thought, reasoning),
                 )
-        estimated = [(leg.worker, None, leg.estimate, leg.steps or None) for leg in legs]
+        estimates = [leg.estimate for leg in legs]
+        thought, _ = self._reasoning(estimates, None)
+        estimated: list[Share] = [
+            (leg.worker, None, leg.estimate, leg.steps or None, thought[k])
+            for k, leg in enumerate(legs)
+        ]
         return ContinuedUsage(
             prompt or 0,
-            sum(leg.estimate for leg in legs) + completion,
+            sum(estimates) + completion,
             0,
             False,
-            [*estimated, (None, prompt, completion, None)],
+            [*estimated, (None, prompt, completion, None, reasoning)],
+            _total(thought, reasoning),
         )
+
+    def _reasoning(self, streamed: list[int], prompts: list[int] | None) -> tuple[list[int], bool]:
+        """Each broken attempt's reasoning tokens, given the tokens it ``streamed`` and (counted)
+        the attempts' ``prompts``, and whether they are exact: all of them while it was still
+        thinking, none once the answer had begun before it started; for the one that broke
+        after the answer began, the tokens up to the ``</think>`` (``closed``, else estimated)."""
+        out: list[int] = []
+        exact = True
+        answered = False
+        chars = 0
+        for k, leg in enumerate(self.legs):
+            chars += leg.reasoning_chars
+            if answered or (leg.answered and not chars):  # no thinking in this attempt
+                out.append(0)
+            elif not leg.answered:
+                out.append(streamed[k])
+            elif prompts is not None and self.closed is not None and self.closed >= prompts[k]:
+                out.append(min(streamed[k], self.closed - prompts[k]))
+            else:  # the reasoning it streamed, a token per 4 characters, and the </think>
+                out.append(min(streamed[k], -(-leg.reasoning_chars // _CHARS_PER_TOKEN) + 1))
+                exact = False
+            answered = answered or leg.answered
+        return out, exact
 
     def keeping(self, feed: Callable[[bytes], bytes], obs: Observer) -> Callable[[bytes], bytes]:
         """``feed`` that first keeps a reference to each read it is given, with the observer
@@ -294,6 +356,25 @@ class Stream:
             data = data[: error.start() + (data[error.start()] == 10)]
         self.chunks = [data]
         return read_partial(data)
+
+
+def _total(legs: list[int], last: int | None) -> int | None:
+    """The stream's reasoning tokens: the broken attempts' and the last one's (None: the worker
+    reports none)."""
+    return None if last is None else sum(legs) + last
+
+
+def reasoning_closed(body: dict[str, Any], part: Partial) -> bytes:
+    """The chat request ``body`` continued with ``part``'s reasoning closed (``<think>``
+    reasoning ``</think>``, no answer), without a rid: its prompt tokens less an attempt's are
+    the reasoning tokens from that attempt's start to the ``</think>`` (see the module doc)."""
+    out = dict(body)
+    out.pop("rid", None)
+    messages = list(out.get("messages") or ())
+    messages.append({"role": "assistant", "content": "<think>" + part.reasoning + "</think>"})
+    out["messages"] = messages
+    out["continue_final_message"] = True
+    return orjson.dumps(out)
 
 
 def continuation_body(body: dict[str, Any], part: Partial) -> dict[str, Any] | None:
@@ -390,10 +471,27 @@ class Resume:
             counts = parse_usage(doc)
             whole = None
             if counts is not None:
-                whole = self._stream.usage(counts.prompt_tokens, counts.completion_tokens)
+                whole = self._stream.usage(
+                    counts.prompt_tokens, counts.completion_tokens, counts.reasoning_tokens
+                )
             if whole is not None:
                 self.usage = whole
                 usage["prompt_tokens"] = whole.prompt_tokens
                 usage["completion_tokens"] = whole.completion_tokens
                 usage["total_tokens"] = whole.prompt_tokens + whole.completion_tokens
+                _set_reasoning(usage, whole.reasoning_tokens)
         return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def _set_reasoning(usage: dict[str, Any], reasoning: int | None) -> None:
+    """The stream's reasoning tokens into the usage where the worker put its own: SGLang's
+    top-level ``reasoning_tokens`` and ``completion_tokens_details.reasoning_tokens``."""
+    if reasoning is None:
+        return
+    if "reasoning_tokens" in usage:
+        usage["reasoning_tokens"] = reasoning
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict):
+        details["reasoning_tokens"] = reasoning
+    elif reasoning and "completion_tokens_details" in usage:  # null: the last attempt had none
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}

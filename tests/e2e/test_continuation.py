@@ -20,7 +20,7 @@ import openai
 import orjson
 import pytest
 
-from tests.e2e.conftest import Stack, emulator, gateway
+from tests.e2e.conftest import Stack, emulator, gateway, poll
 from tests.support.procs import ManagedProcess, ProcessManager
 from tests.support.tools import require_tool
 
@@ -339,6 +339,104 @@ def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> N
             assert grew["prompt_tokens"] == sum(r["prompt_tokens"] for r in own)
             assert grew["completion_tokens"] == sum(r["completion_tokens"] for r in own)
             assert (grew["spec_verify_steps"] > 0) == bool(own)
+    assert continued == 2
+
+
+def access_record(gw: ManagedProcess, request_id: str) -> dict[str, str]:
+    """The gateway's access-log fields for ``request_id`` (its ``key=value`` line)."""
+
+    def line() -> str | None:
+        return next(
+            (ln for ln in gw.logs().splitlines() if f"request_id={request_id} " in ln), None
+        )
+
+    found = poll(line)
+    return dict(re.findall(r"(\w+)=(\S+)", found))
+
+
+def test_reasoning_tokens_cover_every_attempt_of_a_stream_broken_while_thinking(
+    fresh: Stack,
+) -> None:
+    """A stream broken in its reasoning part (after 25 events: the emulator thinks for at least
+    200 tokens) and continued tells its client the reasoning tokens of the unbroken stream, on
+    the chat completions usage chunk and on the Responses API's usage, and the workers' own
+    reasoning tokens add up to them."""
+    unbroken = post(fresh.gw, body(stream_options={"include_usage": True}))
+    want = chunks_of(events_of(unbroken.text))[-1]["usage"]
+    assert want["reasoning_tokens"] > 25
+    with openai.OpenAI(base_url=fresh.gw.url + "/v1", api_key=KEY, max_retries=0) as oai:
+
+        def response() -> tuple[int, int]:
+            with oai.responses.stream(
+                model=MODEL, input=PROMPT, max_output_tokens=4000, extra_body={"seed": 11}
+            ) as rstream:
+                done = rstream.get_final_response()
+            assert done.status == "completed" and done.usage is not None
+            return done.usage.output_tokens, done.usage.output_tokens_details.reasoning_tokens
+
+        rwant = response()
+        assert rwant[1] > 25
+        break_two(fresh, after=25)
+        continued = n = 0
+        while continued < 2 and n < 8:  # round robin: most start on a breaking worker
+            n += 1
+            request_id = f"continued-reasoning-{n}"
+            response_ = httpx.post(
+                fresh.gw.url + CHAT,
+                json=body(stream_options={"include_usage": True}),
+                headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
+                timeout=60,
+            )
+            usage = chunks_of(events_of(response_.text))[-1]["usage"]
+            attempts = [
+                r
+                for emu in fresh.emus
+                for r in fresh.stats(emu)["requests"]
+                if r["request_id"] == request_id
+            ]
+            continued += len(attempts) > 1
+            assert usage["reasoning_tokens"] == want["reasoning_tokens"]
+            assert usage["completion_tokens_details"] == want["completion_tokens_details"]
+            assert usage["reasoning_tokens"] == sum(r["reasoning_tokens"] for r in attempts)
+            record = access_record(fresh.gw, request_id)
+            assert int(record["reasoning_tokens"]) == want["reasoning_tokens"]
+        assert continued == 2
+        for _ in range(3):
+            assert response() == rwant
+
+
+def test_reasoning_tokens_of_a_stream_broken_after_its_answer_began(fresh: Stack) -> None:
+    """Broken a few events into the answer: the attempt that broke streamed the reasoning and
+    the start of the answer, the continuation only answer; the client is told the unbroken
+    stream's reasoning tokens (the broken attempt's counted up to its </think> by a worker)."""
+    unbroken = post(fresh.gw, body(stream_options={"include_usage": True}))
+    chunks = chunks_of(events_of(unbroken.text))
+    want = chunks[-1]["usage"]
+    thinking = sum(1 for c in chunks for ch in c["choices"] if ch["delta"].get("reasoning_content"))
+    break_two(fresh, after=thinking + 4)  # the role chunk, the reasoning, three answer chunks
+    continued = n = 0
+    while continued < 2 and n < 8:
+        n += 1
+        request_id = f"continued-answer-{n}"
+        response = httpx.post(
+            fresh.gw.url + CHAT,
+            json=body(stream_options={"include_usage": True}),
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
+            timeout=60,
+        )
+        got = chunks_of(events_of(response.text))
+        attempts = [
+            r
+            for emu in fresh.emus
+            for r in fresh.stats(emu)["requests"]
+            if r["request_id"] == request_id
+        ]
+        continued += len(attempts) > 1
+        assert texts(got)[:2] == texts(chunks)[:2]
+        usage = got[-1]["usage"]
+        assert usage["completion_tokens"] == want["completion_tokens"]
+        assert usage["reasoning_tokens"] == want["reasoning_tokens"]
+        assert usage["completion_tokens_details"] == want["completion_tokens_details"]
     assert continued == 2
 
 

@@ -70,6 +70,23 @@ def test_a_continued_prefix_goes_on_where_the_answer_would_have(
     assert streamed + more["completion_tokens"] == usage["completion_tokens"]
 
 
+def test_a_prefix_with_its_reasoning_closed_counts_the_reasoning_tokens(
+    emu: ManagedProcess,
+) -> None:
+    """``<think>`` reasoning ``</think>`` with no answer yet: the tokens through the </think>,
+    the reasoning tokens the unbroken answer reports (how a gateway counts the reasoning of an
+    attempt that broke after the answer began)."""
+    for seed in range(1, 9):  # where the </think> falls in its verify step varies
+        whole, usage = stream(emu, {"messages": MESSAGES, "max_tokens": 3000, "seed": seed})
+        reasoning = "".join(c.get("reasoning_content") or "" for c in whole)
+        closed = {"role": "assistant", "content": "<think>" + reasoning + "</think>"}
+        messages = [*MESSAGES, closed]
+        count = tokenize(emu, {"messages": messages, "continue_final_message": True, "seed": seed})
+        plain = tokenize(emu, {"messages": MESSAGES, "seed": seed}).json()["count"]
+        assert usage["reasoning_tokens"] > 0
+        assert count.json()["count"] - plain == usage["reasoning_tokens"], seed
+
+
 def test_tokenize_counts_a_chat_prompt_as_its_answer_reports_it(emu: ManagedProcess) -> None:
     _, usage = stream(emu, {"messages": MESSAGES, "max_tokens": 8})
     answer = tokenize(emu, {"messages": MESSAGES})

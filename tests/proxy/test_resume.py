@@ -112,7 +112,7 @@ def test_the_continuation_has_the_first_id_no_role_chunk_and_usage_of_both() -> 
     assert docs[-1]["usage"] == {"prompt_tokens": 42, "completion_tokens": 23, "total_tokens": 65}
     assert resume.usage is not None and resume.usage.exact
     assert resume.usage.continuation_prompt_tokens == 30
-    shares = [(w.name if w else None, p, c, s) for w, p, c, s in resume.usage.shares]
+    shares = [(w.name if w else None, p, c, s) for w, p, c, s, _ in resume.usage.shares]
     assert shares == [("w1", 12, 18, 2), (None, 30, 5, None)]
 
 
@@ -136,7 +136,7 @@ def test_two_breaks_credit_each_attempt_with_what_it_streamed() -> None:
     usage = keep.usage(37, 4)  # 30 + the 7 tokens w2 streamed
     assert usage is not None and usage.exact
     assert (usage.prompt_tokens, usage.completion_tokens) == (10 + 30 + 37, 20 + 7 + 4)
-    shares = [(w.name if w else None, p, c, s) for w, p, c, s in usage.shares]
+    shares = [(w.name if w else None, p, c, s) for w, p, c, s, _ in usage.shares]
     assert shares == [("w1", 10, 20, 2), ("w2", 30, 7, 1), (None, 37, 4, None)]
 
 
@@ -228,3 +228,92 @@ async def test_a_continued_stream_counts_every_attempt_each_on_its_own_worker() 
         assert done == completion
         assert value(text, "dflash_gateway_spec_verify_steps_total", worker=worker.name) == steps
     assert value(text, "dflash_gateway_spec_accept_length_count", source="estimated") == 2
+
+
+def _thinking_stream(*deltas: dict[str, Any]) -> Stream:
+    """A stream whose first attempt on w1 relayed a role chunk and ``deltas``, then broke."""
+    keep = Stream()
+    keep.chunks.append(
+        chunk(FIRST, {"role": "assistant", "content": ""})
+        + b"".join(chunk(FIRST, d) for d in deltas)
+    )
+    keep.broke(Worker(url="http://w1", name="w1"), keep.partial(), b"{}")
+    return keep
+
+
+def _continued_usage(keep: Stream, usage: dict[str, Any]) -> dict[str, Any]:
+    """The usage chunk the client gets for the continuation's ``usage``."""
+    resume = Resume(FIRST, keep)
+    resume.rid = RID
+    out = resume.feed(event({"id": RID, "choices": [], "usage": usage}))
+    doc: dict[str, Any] = orjson.loads(out[5:])
+    return doc["usage"]  # type: ignore[no-any-return]
+
+
+def test_an_attempt_broken_while_thinking_streamed_reasoning_only() -> None:
+    keep = _thinking_stream({"reasoning_content": "r" * 40}, {"reasoning_content": "r" * 40})
+    keep.legs[0].prompt_tokens = 12
+    # The continuation: prompt 12 + the 18 tokens streamed before; 5 more, 3 of them reasoning.
+    last = {"reasoning_tokens": 3, "completion_tokens_details": {"reasoning_tokens": 3}}
+    usage = _continued_usage(keep, {"prompt_tokens": 30, "completion_tokens": 5, **last})
+    assert usage["completion_tokens"] == 23
+    assert usage["reasoning_tokens"] == 21 and usage["completion_tokens_details"] == {
+        "reasoning_tokens": 21
+    }
+    counted = keep.usage(30, 5, 3)
+    assert counted is not None and counted.exact and counted.reasoning_tokens == 21
+    assert [s[4] for s in counted.shares] == [18, 3]  # each worker's reasoning tokens
+
+
+def test_an_attempt_broken_after_the_answer_began_counts_its_reasoning_to_the_think_end() -> None:
+    keep = _thinking_stream({"reasoning_content": "r" * 40}, {"content": "x" * 40})
+    keep.legs[0].prompt_tokens = 10
+    keep.closed = 21  # the first prompt with <think>reasoning</think>: 11 reasoning tokens
+    # SGLang counts every token of a continuation begun after the </think> as reasoning (5):
+    # it streamed answer only.
+    last = {"reasoning_tokens": 5, "completion_tokens_details": None}
+    usage = _continued_usage(keep, {"prompt_tokens": 30, "completion_tokens": 5, **last})
+    assert usage["completion_tokens"] == 25
+    assert usage["reasoning_tokens"] == 11
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 11}
+    counted = keep.usage(30, 5, 5)
+    assert counted is not None and counted.exact
+    assert [s[4] for s in counted.shares] == [11, 0]
+
+
+def test_without_the_closed_count_the_reasoning_is_estimated() -> None:
+    keep = _thinking_stream({"reasoning_content": "r" * 40}, {"content": "x" * 40})
+    keep.legs[0].prompt_tokens = 10  # no worker counted the closed reasoning (keep.closed None)
+    counted = keep.usage(30, 5, 5)
+    assert counted is not None and not counted.exact  # the usage log's tokens_estimated
+    assert counted.completion_tokens == 25  # the prompt counts still exact
+    assert counted.reasoning_tokens == 11  # 40 characters: 10 tokens, and the </think>
+
+
+def test_reasoning_over_two_breaks_one_thinking_one_in_the_answer() -> None:
+    keep = _thinking_stream({"reasoning_content": "r" * 80})
+    keep.legs[0].prompt_tokens = 10  # w1 streamed 20 tokens of reasoning
+    keep.chunks.append(
+        chunk(FIRST, {"reasoning_content": "r" * 20}) + chunk(FIRST, {"content": "y"})
+    )
+    keep.broke(Worker(url="http://w2", name="w2"), keep.partial(), b"{}")
+    keep.legs[1].prompt_tokens = 30  # w2 streamed 8: the rest of the reasoning, the </think>...
+    keep.closed = 36  # ...6 tokens to the </think>, then the answer
+    counted = keep.usage(38, 4, 4)
+    assert counted is not None and counted.exact
+    assert (counted.completion_tokens, counted.reasoning_tokens) == (20 + 8 + 4, 20 + 6 + 0)
+    assert [s[4] for s in counted.shares] == [20, 6, 0]
+
+
+def test_without_prompt_counts_reasoning_streamed_while_thinking_is_estimated() -> None:
+    keep = _thinking_stream({"reasoning_content": "r" * 40}, {"reasoning_content": "r" * 40})
+    counted = keep.usage(30, 5, 3)  # no worker counted: 80 characters, 20 estimated tokens
+    assert counted is not None and not counted.exact
+    assert (counted.completion_tokens, counted.reasoning_tokens) == (25, 23)
+
+
+def test_a_worker_reporting_no_reasoning_gets_none_added() -> None:
+    keep = _thinking_stream({"reasoning_content": "r" * 40})
+    keep.legs[0].prompt_tokens = 12
+    usage = _continued_usage(keep, {"prompt_tokens": 22, "completion_tokens": 5})
+    assert usage == {"prompt_tokens": 34, "completion_tokens": 15, "total_tokens": 49}
