@@ -96,6 +96,7 @@ class Attempt:
         "held",
         "last_rx",
         "outcome",
+        "partner",
         "reason",
         "response",
         "rid",
@@ -138,6 +139,9 @@ class Attempt:
         self.reason: Outcome | None = None  # why it was ended from outside, if it was
         # What it fails with when ended for another worker's failure (``fail``), not its own.
         self._instead: UpstreamError | None = None
+        # With PD disaggregation, the prefill side (``app.proxy.pd.Pair.overdue``): asked when
+        # the attempt's deadline passes whether the failure is the prefill worker's instead.
+        self.partner: Callable[[], UpstreamError | None] | None = None
 
     @property
     def receiving(self) -> bool:
@@ -182,7 +186,15 @@ class Attempt:
             await self._abort(self.worker, self.rid)
 
     async def end(self, reason: Outcome) -> None:
-        """Abort it on its worker, then stop it wherever it waits: it raises ``UpstreamTimeout``."""
+        """Abort it on its worker, then stop it wherever it waits: it raises ``UpstreamTimeout``
+        (or, when its ``partner`` says the deadline passed by the prefill worker's fault, that
+        failure, with no verdict on this worker)."""
+        partner = self.partner
+        if reason is Outcome.TIMEOUT and partner is not None and self.reason is None:
+            instead = partner()
+            if instead is not None:
+                await self.fail(instead)
+                return
         await self.abort(reason)
         self._scope.end(reason)
 

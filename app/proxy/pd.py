@@ -13,8 +13,9 @@ Failures: P failing before D's first data event ends D's attempt (aborted on D b
 verdict on D's breaker) with ``PrefillFailed``, which is retried on another pair like any failure
 before the commit point; D failing, the client leaving, or a deadline ending the attempt cancels
 P's side, which is aborted on P. D's first-byte deadline covers its wait for the room, so no
-request leaves a decode waiting for a room nobody fills. Once D answered in full, P's side gets
-``timeouts.first_byte_s`` more to finish before it is aborted.
+request leaves a decode waiting for a room nobody fills; while P has not answered, that deadline
+is P's failure (``Pair.overdue``: P's timeout, no verdict on D, the retry avoids P). Once D
+answered in full, P's side gets ``timeouts.first_byte_s`` more to finish before it is aborted.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class Pair:
         "_chunks_at_bind",
         "_decode_closed",
         "_fields",
+        "_overdue",
         "_pd",
         "_source",
         "_task",
@@ -177,6 +179,7 @@ class Pair:
         self._task: asyncio.Task[None] | None = None
         self._written = False
         self._decode_closed = False
+        self._overdue = False  # D's deadline passed while P kept its room empty: P's fault
         self.failed: UpstreamError | None = None  # how the prefill side failed, if it did
         self.sent_at: float | None = None  # both sides started
         self.prefill_done: float | None = None  # P's answer read to its end
@@ -195,8 +198,27 @@ class Pair:
     def bind(self, attempt: Attempt) -> None:
         """The decode side's attempt (its rid is the prefill side's too)."""
         self._attempt = attempt
+        attempt.partner = self.overdue
         if attempt.committed:  # a continuation leg: its stream's commit point is inherited
             self._chunks_at_bind = len(attempt.tally.chunk_times)
+
+    def overdue(self) -> UpstreamError | None:
+        """D's deadline passed (``Attempt.end``): the prefill worker's fault when D has relayed
+        nothing and P has not answered yet (its room may never be filled), so the attempt fails
+        with ``PrefillFailed`` (no verdict on D; a retry avoids P) and P's side, cancelled,
+        counts as P's timeout. None (D's own timeout) once P answered in full."""
+        attempt, task = self._attempt, self._task
+        if (
+            attempt is None
+            or task is None
+            or task.done()
+            or self.prefill_done is not None
+            or not self._decode_waits(attempt)
+        ):
+            return None
+        self._overdue = True
+        self.failed = PrefillFailed(f"prefill worker {self.prefill.name} did not answer in time")
+        return self.failed
 
     def _decode_waits(self, attempt: Attempt) -> bool:
         """D has relayed nothing of this attempt yet: it may still be waiting for the room."""
@@ -267,6 +289,8 @@ class Pair:
                     )
                 return
             except asyncio.CancelledError:
+                if self._overdue:  # D timed out waiting for this side: P's fault
+                    outcome, verdict.fault = Outcome.TIMEOUT, True
                 if self._written:
                     pd._spawn(pd._abort(worker, attempt.rid))
                 raise

@@ -434,3 +434,30 @@ async def test_a_continuation_legs_prefill_failure_aborts_its_decode_side() -> N
     assert ex.status == 200 and ex.body.endswith(SSE_DONE)
     assert second_d.requests[0]["bootstrap_port"] == second_p.bootstrap_port
     assert second_d.requests[0]["bootstrap_room"] != first_d.requests[0]["bootstrap_room"]
+
+
+async def test_a_prefill_worker_that_never_answers_is_blamed_not_the_decode_worker() -> None:
+    # The first prefill worker takes the request and never answers (its room is never filled):
+    # the decode side's deadline passes. That is the prefill worker's timeout: the request is
+    # retried on the same decode worker with the other prefill worker, and only the silent one
+    # is counted against (a decode pool's breakers are not opened by one bad prefill worker).
+    ps, (d,) = pd_pair(prefill=2, decode=1)
+    bad, good = ps
+    bad.hang = True
+    async with GatewayHarness([], prefill=ps, decode=[d], timeouts={"first_byte_s": 0.3}) as gw:
+        ex = await gw.post(CHAT, chat(stream=True))
+        await wait_for(lambda: all(w.in_flight == 0 for w in gw.gateway.pool.workers))
+        registry = gw.gateway.metrics.registry
+
+        def attempts(worker: FakeWorker, outcome: str) -> float | None:
+            labels = {"worker": worker.name, "outcome": outcome}
+            return registry.get_sample_value("dflash_gateway_upstream_attempts_total", labels)
+
+        assert (attempts(d, "timeout"), attempts(bad, "timeout")) == (0.0, 1.0)
+    assert ex.status == 200 and ex.body.endswith(SSE_DONE)
+    first, second = d.requests
+    assert (first["bootstrap_port"], second["bootstrap_port"]) == (
+        bad.bootstrap_port,
+        good.bootstrap_port,
+    )
+    assert d.aborted == [first["rid"]] and bad.aborted == [first["rid"]]
