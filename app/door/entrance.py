@@ -103,8 +103,8 @@ class Door:
                 duration_s=proxy.now() - visit.started,
             )
             return
-        job = visit.job = self._job(visit)
         try:
+            job = visit.job = self._job(visit)
             # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per
             # chunk.
             await proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
