@@ -25,6 +25,7 @@ from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
 from app.door.entry import Entry
+from app.door.keys import ANTHROPIC_KEY_TEXTS
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.media_policy import image_policy
@@ -129,7 +130,16 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
 
 def _entry(path: str, surface: MessagesSurface, name: str) -> Entry:
     parse = functools.partial(_parse, path=path)
-    return Entry(path, _READ, api_key, parse, surface, anthropic_headers, operation(name))
+    return Entry(
+        path,
+        _READ,
+        api_key,
+        parse,
+        surface,
+        anthropic_headers,
+        operation(name),
+        key_texts=ANTHROPIC_KEY_TEXTS,
+    )
 
 
 # The Messages surfaces, by path: ``app.surfaces`` lists them.

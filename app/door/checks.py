@@ -86,7 +86,8 @@ class Key:
         self._gw = gw
 
     def check(self, visit: Visit) -> None:
-        visit.key = key_name(visit.entry.credential(visit.read), self._gw)
+        entry = visit.entry
+        visit.key = key_name(entry.credential(visit.read), self._gw, entry.key_texts)
 
 
 class Tenancy:

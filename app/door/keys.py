@@ -14,25 +14,29 @@ from app.errors import AuthenticationFailed
 from app.gateway import Gateway
 from app.proxy.headers import single
 
-_MISSING = (
+# What a client is told when its key is missing or wrong, in its API's words.
+OPENAI_KEY_TEXTS = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
-    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+    "Incorrect API key provided.",
 )
-_WRONG = "Incorrect API key provided."
+ANTHROPIC_KEY_TEXTS = ("x-api-key header is required", "invalid x-api-key")
 
 
-def key_name(authorization: str | None, gw: Gateway) -> str | None:
+def key_name(
+    authorization: str | None, gw: Gateway, texts: tuple[str, str] = OPENAI_KEY_TEXTS
+) -> str | None:
     """The caller's key name (from its Authorization header); None when the gateway is open.
-    Raises ``AuthenticationFailed``."""
+    Raises ``AuthenticationFailed`` with ``texts``' (missing, wrong) message."""
     keys = gw.keys
     if keys.open:
         return None
     token = bearer_token(authorization)
     if token is None:
-        raise AuthenticationFailed(_MISSING)
+        raise AuthenticationFailed(texts[0])
     name = keys.authenticate(token)
     if name is None:
-        raise AuthenticationFailed(_WRONG)
+        raise AuthenticationFailed(texts[1])
     return name
 
 

@@ -93,8 +93,15 @@ async def test_errors_before_the_proxy_are_anthropic_shaped() -> None:
         unknown = await gw.post("/v1/messages", {**BODY, "model": "nope"}, headers=AUTH)
         count = await gw.post("/v1/messages/count_tokens", {"model": MODEL}, headers=AUTH)
         models = await gw.request("GET", "/v1/models", headers=AUTH)
-    assert (missing.status, anthropic_error(missing.body)[0]) == (401, "authentication_error")
-    assert (wrong.status, anthropic_error(wrong.body)[0]) == (401, "authentication_error")
+    # In Anthropic's words: Claude Code shows the message as it is.
+    assert (missing.status, anthropic_error(missing.body)) == (
+        401,
+        ("authentication_error", "x-api-key header is required"),
+    )
+    assert (wrong.status, anthropic_error(wrong.body)) == (
+        401,
+        ("authentication_error", "invalid x-api-key"),
+    )
     assert bearer.status == 200
     assert (typed.status, anthropic_error(typed.body)[0]) == (415, "invalid_request_error")
     assert (too_big.status, anthropic_error(too_big.body)[0]) == (413, "request_too_large")
