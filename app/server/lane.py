@@ -61,22 +61,13 @@ class ResponseLane:
         left as ``send`` leaves it. False (nothing done) when ``send`` must do it: the response
         began, the client is behind, a HEAD request, uvicorn's access log on."""
         cycle = self._cycle
-        if (
-            cycle.response_started
-            or self._flow.write_paused
-            or cycle.access_log
-            or cycle.scope["method"] == "HEAD"
-        ):
+        if self._declines(cycle):
             return False
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
         if cycle.disconnected:  # dropped, as ``send`` drops it
             return True
-        out = [STATUS_LINE[status]]
-        for name, value in (*cycle.default_headers, *headers):
-            out += (name, b": ", value, b"\r\n")
-        if not cycle.keep_alive:
-            out.append(b"connection: close\r\n")
+        out = _head(cycle, status, headers)
         out += (b"\r\n", body)
         cycle.chunked_encoding = False
         cycle.expected_content_length = 0
@@ -87,6 +78,16 @@ class ResponseLane:
             self._transport.close()
         cycle.on_response()
         return True
+
+    def _declines(self, cycle: RequestResponseCycle) -> bool:
+        """Whether ``send`` must write this response's head: it began, the client is behind, a
+        HEAD request, uvicorn's access log on."""
+        return bool(
+            cycle.response_started
+            or self._flow.write_paused
+            or cycle.access_log
+            or cycle.scope["method"] == "HEAD"
+        )
 
     def heads(self, send: object) -> bool:
         """Whether ``send`` is this request's own (uvicorn's): then a head written here
@@ -99,13 +100,7 @@ class ResponseLane:
         where ``send`` would write them in two; the request cycle is left as those two ``send``
         calls leave it. False (nothing done) when ``send`` must do it, as for ``respond``."""
         cycle = self._cycle
-        if (
-            cycle.response_started
-            or self._flow.write_paused
-            or cycle.access_log
-            or cycle.scope["method"] == "HEAD"
-            or status in (204, 304)
-        ):
+        if self._declines(cycle) or status in (204, 304):
             return False
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -113,11 +108,7 @@ class ResponseLane:
         cycle.expected_content_length = 0
         if cycle.disconnected:  # dropped, as ``send`` drops it
             return True
-        out = [STATUS_LINE[status]]
-        for name, value in (*cycle.default_headers, *headers):
-            out += (name, b": ", value, b"\r\n")
-        if not cycle.keep_alive:
-            out.append(b"connection: close\r\n")
+        out = _head(cycle, status, headers)
         out += (b"transfer-encoding: chunked\r\n\r\n%x\r\n" % len(first), first, b"\r\n")
         self._transport.write(b"".join(out))
         return True
@@ -167,3 +158,16 @@ class ResponseLane:
             cycle.disconnected = True
             cycle.message_event.set()
         self._transport.abort()
+
+
+def _head(
+    cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]]
+) -> list[bytes]:
+    """A response head's status line and header lines (uvicorn's default headers first, then
+    ``connection: close`` when the connection ends with it), without the blank line."""
+    out = [STATUS_LINE[status]]
+    for name, value in (*cycle.default_headers, *headers):
+        out += (name, b": ", value, b"\r\n")
+    if not cycle.keep_alive:
+        out.append(b"connection: close\r\n")
+    return out
