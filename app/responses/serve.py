@@ -23,29 +23,18 @@ from app.door.entry import Entry, Operation, bearer
 from app.errors import GatewayError, InvalidRequest
 from app.gateway import Gateway
 from app.openai.schema import completion_responses
+from app.openai.serve import READ
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
 from app.response_store import ResponseStore, fetch
 from app.responses.request import load, translate
 from app.responses.response import Context, assistant_turn, to_response
 from app.responses.stream import ResponsesStream
-from app.routing.keys import SESSION_HEADER
 from app.tenants.headers import openai_headers
-from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
 RESPONSES_ROUTE = "/v1/responses"
-_READ = frozenset(
-    {
-        b"authorization",
-        b"content-length",
-        b"content-type",
-        b"content-encoding",
-        SESSION_HEADER.encode("ascii"),
-        PRIORITY_HEADER.lower().encode("ascii"),
-    }
-)
 
 
 class ResponsesShape:
@@ -157,7 +146,7 @@ _BODY = {
 }
 ENTRY = Entry(
     RESPONSES_ROUTE,
-    _READ,
+    READ,
     bearer,
     _parse,
     DoorSurface(),
