@@ -60,8 +60,16 @@ _BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
 _LEGACY_IPV4 = re.compile(r"[0-9a-fx.]+")
 # The content parts whose URL a worker fetches.
 MEDIA_PARTS = ("image_url", "video_url", "audio_url")
-MARKER = b'_url"'  # in every part's key: a body without it has no media URL at all
-_MARKER = re.compile(re.escape(MARKER))  # searches a buffer without copying it
+# Whether a JSON span may hold a media part, decided soundly without decoding it: a part's key
+# written plainly ends in ``_url"``; written any other way (``"image\\u005furl"``) it holds a
+# backslash. A span with neither has no media part; any other is decoded and its decoded keys
+# decide (never the raw bytes: the worker decodes escapes).
+_MAY_HOLD_MEDIA = re.compile(rb'_url"|\\')  # searches a buffer without copying it
+
+
+def may_hold_media(span: Any) -> bool:
+    """Whether the JSON text ``span`` (bytes-like) may hold a media part (see above)."""
+    return _MAY_HOLD_MEDIA.search(span) is not None
 
 
 def _refuse(field: str, why: str) -> InvalidRequest:
@@ -162,13 +170,14 @@ _ANY = msgspec.json.Decoder()
 def check_chat_media(contents: Sequence[Any], policy: ImagePolicy) -> None:
     """Check the media URLs of a chat request's messages (``contents``: each message's raw
     ``content`` span): every ``image_url``/``video_url``/``audio_url`` part's ``url`` (or the
-    part's value, when a string). Only contents that hold a part key are decoded."""
+    part's value, when a string), found by the decoded keys. Only contents that may hold a part
+    (``may_hold_media``) are decoded."""
     for i, content in enumerate(contents):
         view = memoryview(content)
-        if not view or view[0] != ord("[") or _MARKER.search(view) is None:
+        if not view or view[0] != ord("[") or not may_hold_media(view):
             continue
         for j, item in enumerate(_RAW_LIST.decode(view)):
-            if not item or memoryview(item)[0] != ord("{") or _MARKER.search(item) is None:
+            if not item or memoryview(item)[0] != ord("{") or not may_hold_media(item):
                 continue
             part = _PART.decode(item)
             for name in MEDIA_PARTS:

@@ -43,7 +43,7 @@ from app.proxy.fields import (
     capped,
     schema_for,
 )
-from app.proxy.media import MARKER, check_chat_media
+from app.proxy.media import check_chat_media, may_hold_media
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
@@ -154,7 +154,7 @@ def parse_request(
         conversation = _check_messages(body.messages)
         if spans is not None:
             conversation = _leading(_MESSAGES.decode(spans.messages))
-        if MARKER in raw:  # a media part somewhere: each one's URL must be allowed
+        if may_hold_media(raw):  # maybe a media part somewhere: each one's URL must be allowed
             policy = image_policy(limits.image_url_allow)
             check_chat_media([message.content for message in body.messages], policy)
     else:

@@ -1,0 +1,92 @@
+"""What a client can make a worker fetch, render or run, seen from the worker: one real gateway
+process for the module in front of a recording stand-in worker (tests/security/recorder.py) that
+keeps the exact bytes it was sent. Each refusal is a 400 naming the field, and the worker never
+receives the refused body (nor any piece of it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.security.recorder import MODEL, RecordingWorker, recording_worker
+from tests.security.stack import CHAT, error_of, start_gateway
+from tests.support.procs import ManagedProcess, managed_processes
+
+COMPLETIONS = "/v1/completions"
+MESSAGES = "/v1/messages"
+RESPONSES = "/v1/responses"
+
+
+@dataclass
+class Stack:
+    gw: ManagedProcess
+    worker: RecordingWorker
+
+    def post(self, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+        content = body if isinstance(body, bytes) else orjson.dumps(body)
+        headers = {"content-type": "application/json", "x-api-key": "unused"}
+        return httpx.post(self.gw.url + path, content=content, headers=headers, timeout=30)
+
+    def refused(self, path: str, body: Any, secret: bytes) -> dict[str, Any]:
+        """Post ``body``: a 400 whose error is returned; nothing new, and nothing holding
+        ``secret``, reached the worker."""
+        before = len(self.worker.bodies)
+        response = self.post(path, body)
+        assert response.status_code == 400, response.text[:400]
+        assert len(self.worker.bodies) == before, self.worker.bodies[before:]
+        assert not any(secret in sent for sent in self.worker.bodies)
+        doc = response.json()
+        return doc["error"] if path == MESSAGES else error_of(response)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with recording_worker() as worker, managed_processes(tmp_path_factory, "policy") as procs:
+        yield Stack(start_gateway(procs, [], args=("--worker-url", worker.url)), worker)
+
+
+def _chat_with(part: bytes, *, before: bytes = b"") -> bytes:
+    """A chat body whose user turn holds a text part and ``part`` (raw JSON, as written)."""
+    return (
+        b'{"model":"%s","max_tokens":4,"messages":[%s{"role":"user","content":'
+        b'[{"type":"text","text":"What is this?\\nSay."},%s]}]}' % (MODEL.encode(), before, part)
+    )
+
+
+# Media parts whose keys (and type) are written with JSON escapes: the worker decodes them to the
+# real keys, so each must be policed as the key it decodes to. The first ones hold no literal
+# ``_url"`` anywhere; the last ones do, with the escape elsewhere.
+ESCAPED_PARTS = [
+    (b'{"type":"image\\u005furl","image\\u005furl":{"url":"file:///etc/passwd"}}', "image_url.url"),
+    (b'{"type":"video\\u005furl","video\\u005furl":{"url":"file:///etc/passwd"}}', "video_url.url"),
+    (b'{"type":"audio\\u005furl","audio\\u005furl":{"url":"file:///etc/passwd"}}', "audio_url.url"),
+    (b'{"type":"image_ur\\u006c","image_ur\\u006c":"file:///etc/passwd"}', "image_url"),
+    (b'{"image\\u005furl":{"url":"https://169.254.169.254/passwd"}}', "image_url.url"),
+    (b'{"type":"image_url","\\u0069mage_url":"file:///etc/passwd"}', "image_url"),
+    (b'{"type":"image_url","image_url":{"\\u0075rl":"file:///etc/passwd"}}', "image_url.url"),
+    (b'{"type":"image_url","image_url":{"url":"file:\\u002f\\u002f/etc/passwd"}}', "image_url.url"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("part", "field"), ESCAPED_PARTS, ids=range(len(ESCAPED_PARTS)))
+def test_escaped_media_part_keys_are_policed_as_the_worker_reads_them(
+    stack: Stack, part: bytes, field: str
+) -> None:
+    error = stack.refused(CHAT, _chat_with(part), b"passwd")
+    assert error["param"] == f"messages.0.content.1.{field}", error
+    # In a later message, after one whose content has no media at all.
+    earlier = b'{"role":"system","content":"Be brief.\\n"},'
+    error = stack.refused(CHAT, _chat_with(part, before=earlier), b"passwd")
+    assert error["param"] == f"messages.1.content.1.{field}", error
+
+
+def test_an_escaped_key_with_an_allowed_url_is_served(stack: Stack) -> None:
+    part = b'{"type":"image\\u005furl","image\\u005furl":{"url":"https://example.com/cat.png"}}'
+    response = stack.post(CHAT, _chat_with(part))
+    assert response.status_code == 200, response.text
+    assert b"https://example.com/cat.png" in stack.worker.bodies[-1]
