@@ -204,6 +204,12 @@ class LimitsConfig(_Section):
     # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
     # Other unknown fields are dropped. Comma-separated in the environment.
     extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    # The keys chat_template_kwargs may hold: SGLang passes them to the tokenizer's
+    # apply_chat_template, where chat_template would replace the served template with the
+    # client's. The default is what Kimi-K2.5's template reads (thinking, its only switch) and
+    # the spelling SGLang writes beside it (enable_thinking). Another key is a 400 naming it.
+    # Comma-separated in the environment.
+    chat_template_kwargs: Annotated[tuple[str, ...], NoDecode] = ("thinking", "enable_thinking")
     # Client headers forwarded to workers besides traceparent, tracestate, baggage and
     # X-Emulator-Profile (app/proxy/headers.py); every other client header stays at the gateway.
     # Credentials, framing and hop-by-hop headers cannot be named. Comma-separated in the env.
@@ -222,7 +228,9 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
-    @field_validator("extra_fields", "forward_headers", "image_url_allow", mode="before")
+    @field_validator(
+        "extra_fields", "forward_headers", "image_url_allow", "chat_template_kwargs", mode="before"
+    )
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
         return _split_csv(value)

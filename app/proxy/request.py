@@ -41,6 +41,7 @@ from app.proxy.fields import (
     Schema,
     StreamOptions,
     capped,
+    check_template_kwargs,
     schema_for,
 )
 from app.proxy.media import check_chat_media, may_hold_media
@@ -159,6 +160,9 @@ def parse_request(
             check_chat_media([message.content for message in body.messages], policy)
     else:
         conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)
+    template_kwargs = getattr(body, "chat_template_kwargs", ABSENT)
+    if template_kwargs:
+        check_template_kwargs(template_kwargs, limits.chat_template_kwargs)
     stream = bool(body.stream)
     options = body.stream_options or None
     client_wants_usage = options is not None and options.include_usage is True

@@ -90,3 +90,77 @@ def test_an_escaped_key_with_an_allowed_url_is_served(stack: Stack) -> None:
     response = stack.post(CHAT, _chat_with(part))
     assert response.status_code == 200, response.text
     assert b"https://example.com/cat.png" in stack.worker.bodies[-1]
+
+
+def test_a_client_chat_template_never_reaches_the_worker(stack: Stack) -> None:
+    jinja = "{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}"
+    for kwargs in (
+        {"chat_template": jinja},
+        {"thinking": False, "chat_template": jinja},
+        {"tokenize": True},
+        {"reasoning_effort": "high"},
+    ):
+        key = next(k for k in kwargs if k != "thinking")
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        error = stack.refused(CHAT, body | {"chat_template_kwargs": kwargs}, b"range(99999)")
+        assert error["param"] == f"chat_template_kwargs.{key}", error
+        assert key in error["message"] and "limits.chat_template_kwargs" in error["message"]
+    # Escaped, the key is the one the worker decodes.
+    escaped = (
+        b'{"model":"%s","messages":[{"role":"user","content":"hi"}],'
+        b'"chat_template_kwargs":{"chat\\u005ftemplate":"{{ range(99999) }}"}}' % MODEL.encode()
+    )
+    error = stack.refused(CHAT, escaped, b"range(99999)")
+    assert error["param"] == "chat_template_kwargs.chat_template"
+    not_object = {"model": MODEL, "messages": [], "chat_template_kwargs": ["chat_template"]}
+    not_object["messages"] = [{"role": "user", "content": "hi"}]
+    error = stack.refused(CHAT, not_object, b"chat_template")
+    assert error["param"] == "chat_template_kwargs"
+
+
+def test_the_thinking_switch_still_passes(stack: Stack) -> None:
+    for kwargs in ({"thinking": False}, {"enable_thinking": True}, None, {}):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        response = stack.post(CHAT, body | {"chat_template_kwargs": kwargs})
+        assert response.status_code == 200, response.text
+        assert stack.worker.json()["chat_template_kwargs"] == kwargs
+
+
+def test_messages_and_responses_pass_no_client_template_kwargs(stack: Stack) -> None:
+    """The translated surfaces build chat_template_kwargs themselves (the thinking switch
+    only): a client's own is dropped, never forwarded."""
+    smuggled = {"chat_template": "{{ 7 * 7 }}"}
+    message = {
+        "model": MODEL,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+        "thinking": {"type": "disabled"},
+        "chat_template_kwargs": smuggled,
+    }
+    assert stack.post(MESSAGES, message).status_code == 200
+    assert stack.worker.json()["chat_template_kwargs"] == {"thinking": False}
+    response = {"model": MODEL, "input": "hi", "chat_template_kwargs": smuggled}
+    assert stack.post(RESPONSES, response | {"reasoning": {"effort": "none"}}).status_code == 200
+    assert stack.worker.json()["chat_template_kwargs"] == {"thinking": False}
+    assert not any(b"7 * 7" in sent for sent in stack.worker.bodies)
+
+
+def test_the_template_kwargs_allow_list_is_a_setting(tmp_path_factory: Any) -> None:
+    with (
+        recording_worker() as worker,
+        managed_processes(tmp_path_factory, "kwargs") as procs,
+    ):
+        gw = start_gateway(
+            procs,
+            [],
+            args=("--worker-url", worker.url),
+            env={"DFLASH_GATEWAY_LIMITS__CHAT_TEMPLATE_KWARGS": "thinking,preserve_thinking"},
+        )
+        other = Stack(gw, worker)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        kwargs = {"thinking": True, "preserve_thinking": True}
+        assert other.post(CHAT, body | {"chat_template_kwargs": kwargs}).status_code == 200
+        assert worker.json()["chat_template_kwargs"] == kwargs
+        kwargs = {"enable_thinking": 1}
+        error = other.refused(CHAT, body | {"chat_template_kwargs": kwargs}, b"enable_thinking")
+        assert error["param"] == "chat_template_kwargs.enable_thinking"
