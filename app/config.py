@@ -28,7 +28,7 @@ from pydantic_settings import (
 
 from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
-from app.media_policy import image_policy
+from app.media_policy import CLUSTER_SUFFIXES, cluster_suffixes, image_policy
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
 from app.tracing.config import TracingConfig
@@ -219,6 +219,11 @@ class LimitsConfig(_Section):
     # hosts ("images.corp", "*.corp.example"), addresses or networks ("10.1.0.0/16"), or "*"
     # for any URL. A URL outside them is a 400. Comma-separated in the environment.
     image_url_allow: Annotated[tuple[str, ...], NoDecode] = ()
+    # Host name suffixes that are the cluster's own (its domain, svc and pod zones, namespaces):
+    # a media URL naming a host under one is a 400, as a worker's resolver would find a
+    # Service there (kubernetes.default, redis.prod) before any public name. Replaces the
+    # default: keep it and add the cluster's namespaces. Comma-separated in the environment.
+    image_url_cluster_suffixes: Annotated[tuple[str, ...], NoDecode] = CLUSTER_SUFFIXES
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     # Requests a key may send at once above its sustained rate (the size of its token bucket).
@@ -229,7 +234,12 @@ class LimitsConfig(_Section):
     redis_url: str | None = None
 
     @field_validator(
-        "extra_fields", "forward_headers", "image_url_allow", "chat_template_kwargs", mode="before"
+        "extra_fields",
+        "forward_headers",
+        "image_url_allow",
+        "image_url_cluster_suffixes",
+        "chat_template_kwargs",
+        mode="before",
     )
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
@@ -239,6 +249,12 @@ class LimitsConfig(_Section):
     @classmethod
     def _check_image_urls(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
         image_policy(entries)  # a ValueError names a bad entry
+        return entries
+
+    @field_validator("image_url_cluster_suffixes")
+    @classmethod
+    def _check_cluster_suffixes(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        cluster_suffixes(entries)  # a ValueError names a bad entry
         return entries
 
     @field_validator("forward_headers")

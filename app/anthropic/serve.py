@@ -98,7 +98,7 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
     count = path == COUNT_ROUTE
-    images = image_policy(limits.image_url_allow)
+    images = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
     translated = translate(body, max_messages=limits.max_messages, count_only=count, images=images)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])

@@ -156,7 +156,7 @@ def parse_request(
         if spans is not None:
             conversation = _leading(_MESSAGES.decode(spans.messages))
         if may_hold_media(raw):  # maybe a media part somewhere: each one's URL must be allowed
-            policy = image_policy(limits.image_url_allow)
+            policy = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
             check_chat_media([message.content for message in body.messages], policy)
     else:
         conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)

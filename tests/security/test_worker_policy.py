@@ -92,6 +92,49 @@ def test_an_escaped_key_with_an_allowed_url_is_served(stack: Stack) -> None:
     assert b"https://example.com/cat.png" in stack.worker.bodies[-1]
 
 
+IN_CLUSTER = [
+    "https://kubernetes.default/api/v1/secrets",
+    "https://kubernetes.default.svc/api",
+    "https://redis.kube-system/",
+    "https://10-0-0-5.default.pod/",
+    "https://grafana.monitoring.svc.cluster.local./",
+    "https://metadata/computeMetadata/v1/",
+    "https://[2002:a9fe:a9fe::]/latest/meta-data/",  # 6to4 of 169.254.169.254
+    "https://[2002:a00:1::]/",  # 6to4 of 10.0.0.1
+    "https://[::ffff:169.254.169.254]/",  # IPv4-mapped
+    "https://[::ffff:0:a9fe:a9fe]/",  # IPv4-translated
+    "https://[::169.254.169.254]/",  # IPv4-compatible
+    "https://[64:ff9b::a9fe:a9fe]/",  # NAT64
+    "https://[64:ff9b:1::a00:1]/",  # NAT64, local use
+    "https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",  # Teredo
+    "https://[fec0::1]/",  # site-local
+]
+
+
+def _image_part(url: str) -> bytes:
+    return orjson.dumps({"type": "image_url", "image_url": {"url": url}})
+
+
+@pytest.mark.parametrize("url", IN_CLUSTER)
+def test_in_cluster_hosts_are_refused_on_every_surface(stack: Stack, url: str) -> None:
+    secret = url.split("//")[1].split("/")[0].encode()
+    error = stack.refused(CHAT, _chat_with(_image_part(url)), secret)
+    assert error["param"] == "messages.0.content.1.image_url.url", error
+    block = {"type": "image", "source": {"type": "url", "url": url}}
+    message = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [block]}]}
+    error = stack.refused(MESSAGES, message, secret)
+    assert "messages.0.content.0.source.url" in error["message"], error
+    image = {"type": "input_image", "image_url": url}
+    response = {"model": MODEL, "input": [{"role": "user", "content": [image]}]}
+    stack.refused(RESPONSES, response, secret)
+
+
+def test_public_names_and_addresses_still_pass(stack: Stack) -> None:
+    for url in ("https://example.default.com/a.png", "https://[2002:808:808::]/a.png"):
+        response = stack.post(CHAT, _chat_with(_image_part(url)))
+        assert response.status_code == 200, (url, response.text)
+
+
 def test_a_client_chat_template_never_reaches_the_worker(stack: Stack) -> None:
     jinja = "{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}"
     for kwargs in (
@@ -145,7 +188,7 @@ def test_messages_and_responses_pass_no_client_template_kwargs(stack: Stack) -> 
     assert not any(b"7 * 7" in sent for sent in stack.worker.bodies)
 
 
-def test_the_template_kwargs_allow_list_is_a_setting(tmp_path_factory: Any) -> None:
+def test_the_policies_are_settings(tmp_path_factory: Any) -> None:
     with (
         recording_worker() as worker,
         managed_processes(tmp_path_factory, "kwargs") as procs,
@@ -154,7 +197,10 @@ def test_the_template_kwargs_allow_list_is_a_setting(tmp_path_factory: Any) -> N
             procs,
             [],
             args=("--worker-url", worker.url),
-            env={"DFLASH_GATEWAY_LIMITS__CHAT_TEMPLATE_KWARGS": "thinking,preserve_thinking"},
+            env={
+                "DFLASH_GATEWAY_LIMITS__CHAT_TEMPLATE_KWARGS": "thinking,preserve_thinking",
+                "DFLASH_GATEWAY_LIMITS__IMAGE_URL_CLUSTER_SUFFIXES": "svc,cluster.local,prod",
+            },
         )
         other = Stack(gw, worker)
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -164,3 +210,8 @@ def test_the_template_kwargs_allow_list_is_a_setting(tmp_path_factory: Any) -> N
         kwargs = {"enable_thinking": 1}
         error = other.refused(CHAT, body | {"chat_template_kwargs": kwargs}, b"enable_thinking")
         assert error["param"] == "chat_template_kwargs.enable_thinking"
+        # The cluster's own namespace is refused; the default list was replaced.
+        refused = other.refused(CHAT, _chat_with(_image_part("https://redis.prod/")), b"prod")
+        assert refused["param"] == "messages.0.content.1.image_url.url"
+        served = other.post(CHAT, _chat_with(_image_part("https://api.default/x.png")))
+        assert served.status_code == 200
