@@ -12,13 +12,14 @@
   conversation any other one answered.
 
 A record is the Response object and the chat messages a later request continues from (the input,
-the stored conversation it continued, and the answer as an assistant turn), one JSON document,
-keyed by the caller's API key name and the response id: one key can neither read nor delete
-another's responses. A response is saved when its last event is produced, before the client has
-it (memory: at once; Redis: the write is under way), and a lookup that misses waits briefly for a
-write still in flight (``fetch``). Only completed and incomplete responses are kept (a failed or
-abandoned one has nothing to continue from). A Redis failure is logged and counted as the limit
-stores' are; the request in flight is not failed for it.
+the stored conversation it continued, and the answer as an assistant turn) with those messages'
+JSON size (a later request continuing from it is bounded by it before it is built), one JSON
+document, keyed by the caller's API key name and the response id: one key can neither read nor
+delete another's responses. A response is saved when its last event is produced, before the
+client has it (memory: at once; Redis: the write is under way), and a lookup that misses waits
+briefly for a write still in flight (``fetch``). Only completed and incomplete responses are kept
+(a failed or abandoned one has nothing to continue from). A Redis failure is logged and counted
+as the limit stores' are; the request in flight is not failed for it.
 """
 
 from __future__ import annotations
