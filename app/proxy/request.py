@@ -45,6 +45,7 @@ from app.proxy.fields import (
     schema_for,
 )
 from app.proxy.media import check_chat_media, may_hold_media
+from app.proxy.metadata import check_raw_metadata
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
@@ -151,6 +152,8 @@ def parse_request(
     model = body.model
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
+    if body.metadata:  # absent: an empty span
+        check_raw_metadata(body.metadata)
     if route is Route.CHAT:
         conversation = _check_messages(body.messages)
         if spans is not None:
