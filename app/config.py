@@ -29,12 +29,15 @@ from pydantic_settings import (
 from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
 from app.media_policy import CLUSTER_SUFFIXES, cluster_suffixes, image_policy
+from app.model_names import check_alias
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
 from app.tracing.config import TracingConfig
 
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
+# Added to the embedded default's aliases: the names Claude Code sends on its own.
+EMBEDDED_CLAUDE_ALIAS = "claude-*"
 
 PolicyName = Literal[
     "least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity", "spare_capacity"
@@ -550,7 +553,10 @@ class Settings(BaseSettings):
     # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
     # while its spare capacity is at least 1/this of the best worker's.
     prefix_affinity_load_factor: float = Field(1.25, ge=1.0)
-    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5.
+    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5;
+    # a name ending in * is a prefix pattern (claude-*: every name starting with claude-). Left
+    # unset with the embedded default (make run), claude-* is added, so Claude Code answers with
+    # no ANTHROPIC_MODEL set; with real workers it is only what is written here (docs/agents.md).
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"kimi-k2.5": DEFAULT_MODEL}
     )
@@ -597,6 +603,16 @@ class Settings(BaseSettings):
     workers: WorkersConfig = WorkersConfig()
     responses: ResponsesConfig = ResponsesConfig()
     pd: PDConfig = PDConfig()
+
+    @model_validator(mode="after")
+    def _embedded_aliases(self) -> Settings:
+        """The embedded default with ``model_aliases`` unset also answers every ``claude-*``
+        name (what Claude Code sends when no ANTHROPIC_MODEL is set) with the emulated model."""
+        if self.embedded_default and "model_aliases" not in self.model_fields_set:
+            aliases = {**self.model_aliases, EMBEDDED_CLAUDE_ALIAS: self.embedded.model}
+            # Settings is frozen; this is its own validation, before anyone reads it.
+            object.__setattr__(self, "model_aliases", aliases)
+        return self
 
     @model_validator(mode="after")
     def _check_response_store(self) -> Settings:
@@ -692,6 +708,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"model alias {item!r} must look like alias=served-model")
             aliases[alias.strip()] = target.strip()
         return aliases
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _alias_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias in value:
+            check_alias(alias)
+        return value
 
     @property
     def embedded_default(self) -> bool:

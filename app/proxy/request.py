@@ -33,6 +33,7 @@ import orjson
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
 from app.media_policy import image_policy
+from app.model_names import resolve
 from app.proxy.bounds import choices, patch_max_tokens
 from app.proxy.fields import (
     ABSENT,
@@ -171,7 +172,7 @@ def parse_request(
     client_wants_usage = options is not None and options.include_usage is True
 
     patch: dict[str, bytes] = {}
-    served = aliases.get(model, model)
+    served = resolve(aliases, model)
     if served != model:
         patch["model"] = orjson.dumps(served)
     max_tokens = patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)
