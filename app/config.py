@@ -451,6 +451,10 @@ class PDConfig(_Section):
     # How the decode worker is picked (decode capacity bounds concurrency): spare_capacity or
     # least_inflight.
     decode_policy: DecodePolicyName = "spare_capacity"
+    # Seconds a prefill worker has to finish its side of a request once the decode worker
+    # answered in full; then its side is aborted and counted as the prefill worker's timeout
+    # (towards opening its breaker: one that never finishes is taken out of rotation).
+    prefill_drain_s: float = Field(5.0, gt=0)
 
     @field_validator("prefill", "decode", mode="before")
     @classmethod
