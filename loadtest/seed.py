@@ -202,13 +202,14 @@ def _measure(args: argparse.Namespace) -> int:
         "argv": sys.argv[1:],
     }
     report.write_json(args.out / "seed.json", reports, meta)
-    why = report.write_png(args.out / "seed.png", reports)
+    why = report.write_png(args.out / "seed.png", reports, args.speed if args.embedded else None)
     print(
         f"\nwrote {args.out / 'seed.json'}"
         + (f" and {args.out / 'seed.png'}" if why is None else f" (no chart: {why})")
     )
     if args.docs:
-        why = why or report.write_png(figures.DOCS_IMG / "seed.svg", reports)
+        speed = args.speed if args.embedded else None
+        why = why or report.write_png(figures.DOCS_IMG / "seed.svg", reports, speed)
         if why is not None:
             print(f"--docs: no plot to publish ({why})", file=sys.stderr)
             return 1
@@ -219,7 +220,7 @@ def _measure(args: argparse.Namespace) -> int:
             f"wrote {figures.DOCS_IMG / 'seed.svg'} and seed.json; the page's table "
             f"(measured {figures.run_date(meta)}):\n"
         )
-        print(report.markdown_table(rows))
+        print(report.markdown_table(rows, speed))
     failed = sum(r.failed for r in reports)
     if failed:
         print(

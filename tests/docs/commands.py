@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ("README.md", "docs/getting-started.md", "docs/agents.md", "docs/benchmarks.md")
+PAGES = (
+    "README.md",
+    "docs/index.md",
+    "docs/getting-started.md",
+    "docs/agents.md",
+    "docs/benchmarks.md",
+)
 SHELLS = ("bash", "sh", "shell", "console")
 LANGUAGES = (*SHELLS, "python")
 MODES = ("run", "server", "long", "cluster", "gpu", "client")

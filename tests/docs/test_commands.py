@@ -14,7 +14,9 @@ in the commands' URLs), as other test runs may share this machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -143,10 +145,8 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         # what the gateway started, should anything outlive Ctrl-C
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def run(block: Block, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
@@ -165,13 +165,23 @@ def run(block: Block, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
     )
 
 
-def check_without_running(block: Block, command: str, cwd: Path, env: dict[str, str]) -> None:
-    """A long command: make targets are dry-run (``make -n``), others asked for ``--help``."""
-    words = shlex.split(command, comments=True)
-    if words[0] == "make":
-        run(block, ["make", "-n", *words[1:]], cwd, env)
-    else:
-        run(block, ["bash", "-e", "-c", command + " --help"], cwd, env)
+ASSIGNMENT = re.compile(r"""[A-Za-z_]\w*=("[^"]*"|'[^']*'|\S*)""")
+
+
+def check_without_running(block: Block, text: str, cwd: Path, env: dict[str, str]) -> None:
+    """A long block, checked without running its work: make targets are dry-run (``make -n``),
+    other commands asked for ``--help`` (their options up to it parsed), variables set as
+    written; one shell, so later lines see the variables."""
+    script = []
+    for command in commands(text):
+        command = command.split(" #", 1)[0].rstrip()
+        if ASSIGNMENT.fullmatch(command):
+            script.append(command)
+        elif command.startswith("make "):
+            script.append("make -n " + command.removeprefix("make "))
+        else:
+            script.append(command + " --help >/dev/null")
+    run(block, ["bash", "-e", "-o", "pipefail", "-c", "\n".join(script)], cwd, env)
 
 
 @pytest.fixture
@@ -195,8 +205,7 @@ def test_page_commands_run_on_a_fresh_clone(page: str, clone: Path, port: int) -
                     server.stop()
                 server = Server(block, text, clone, env, port)
             elif block.mode == "long":
-                for command in commands(text):
-                    check_without_running(block, command, clone, env)
+                check_without_running(block, text, clone, env)
             elif block.mode == "run" and block.language == "python":
                 run(block, [str(clone / ".venv/bin/python"), "-c", text], clone, env)
             elif block.mode == "run":

@@ -46,9 +46,9 @@ def chromium() -> str:
 def build(config: Path, site: Path, *, strict: bool = True) -> None:
     argv = [sys.executable, "-m", "mkdocs", "build", "--quiet", "-f", str(config), "-d", str(site)]
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [*argv, *(["--strict"] if strict else [])], capture_output=True, text=True, env=env
-    )
+    argv += ["--strict"] if strict else []
+    # from the root: docs/worker.md includes docker/worker.md
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
 
 
