@@ -99,7 +99,7 @@ BAD_PAGE = """\
 
 | setting | description |
 |---|---|
-| <code style="word-break: break-all">DFLASH_GATEWAY_A_VERY_LONG_SETTING_NAME</code> | {words} |
+| name | <code style="word-break: break-all">DFLASH_GATEWAY_A_VERY_LONG_SETTING_NAME</code> {words} |
 
 ![a plot](img/missing.png)
 
