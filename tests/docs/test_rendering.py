@@ -97,9 +97,8 @@ BAD_PAGE = """\
 
 <pre class="clipped" style="overflow: hidden"><code style="overflow: hidden">{long}</code></pre>
 
-| setting | description |
-|---|---|
-| name | <code style="word-break: break-all">DFLASH_GATEWAY_A_VERY_LONG_SETTING_NAME</code> {words} |
+<table><tr><td>a</td><td style="max-width: 5em"><code style="word-break: break-all">
+DFLASH_GATEWAY_A_VERY_LONG_SETTING_NAME</code></td><td>{words}</td></tr></table>
 
 ![a plot](img/missing.png)
 
