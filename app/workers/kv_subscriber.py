@@ -80,6 +80,7 @@ class KvEventSubscriber:
         self._on_bad_batch = on_bad_batch
         self._context: zmq.asyncio.Context | None = None
         self._follows: dict[str, _Follow] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -95,7 +96,10 @@ class KvEventSubscriber:
                 wanted[url] = endpoint
         for url in list(self._follows):
             if wanted.get(url) != self._follows[url].endpoint:
-                self._follows.pop(url).task.cancel()
+                task = self._follows.pop(url).task
+                task.cancel()
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
         for url, endpoint in wanted.items():
             if url not in self._follows:
                 task = asyncio.create_task(self._follow(url, endpoint), name=f"kv-events {url}")
@@ -111,14 +115,15 @@ class KvEventSubscriber:
             await self.close()
 
     async def close(self) -> None:
-        follows, self._follows = list(self._follows.values()), {}
-        for follow in follows:
-            follow.task.cancel()
-        for follow in follows:
+        tasks = [f.task for f in self._follows.values()] + list(self._stopping)
+        self._follows = {}
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await follow.task
+                await task
         if self._context is not None:
-            self._context.term()
+            self._context.destroy(linger=0)  # every socket closed, none left to wait for
             self._context = None
 
     async def _follow(self, url: str, endpoint: str) -> None:
