@@ -215,3 +215,30 @@ def test_the_policies_are_settings(tmp_path_factory: Any) -> None:
         assert refused["param"] == "messages.0.content.1.image_url.url"
         served = other.post(CHAT, _chat_with(_image_part("https://api.default/x.png")))
         assert served.status_code == 200
+
+
+def _responses_variants() -> list[tuple[str, dict[str, Any]]]:
+    text = {"type": "input_text", "text": "hi"}
+    base: dict[str, Any] = {"model": MODEL, "input": [{"role": "user", "content": [text]}]}
+    variants = []
+    for bad in ([], ["input_text"], {}, {"type": "x"}):
+        part = {"type": bad, "text": "hi"}
+        variants += [
+            ("input.0.content.0.type", base | {"input": [{"role": "user", "content": [part]}]}),
+            ("tools.0.type", base | {"tools": [{"type": bad, "name": "f"}]}),
+            ("reasoning.effort", base | {"reasoning": {"effort": bad}}),
+            ("reasoning.summary", base | {"reasoning": {"summary": bad}}),
+            ("reasoning.generate_summary", base | {"reasoning": {"generate_summary": bad}}),
+        ]
+    return variants
+
+
+def test_responses_refuses_lists_and_objects_where_a_name_belongs(stack: Stack) -> None:
+    before = len(stack.worker.bodies)
+    for field, body in _responses_variants():
+        for stream in (False, True):
+            response = stack.post(RESPONSES, body | {"stream": stream})
+            assert response.status_code == 400, (field, response.text[:300])
+            assert field.split(".")[0] in error_of(response)["message"], field
+    assert len(stack.worker.bodies) == before
+    assert "Traceback" not in stack.gw.logs()
