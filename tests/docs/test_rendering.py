@@ -76,6 +76,7 @@ def problems(browser: Browser, page: Path, width: int, height: int, fit: bool) -
     return found
 
 
+@pytest.mark.timeout(600)  # ~40 page loads: 15 s on a quiet machine, minutes on a loaded one
 def test_every_page_reads_without_overflow(browser: Browser, site: Path) -> None:
     pages = sorted(p for p in site.rglob("index.html") if "search" not in p.parts)
     assert len(pages) == len(list((ROOT / "docs").rglob("*.md"))), pages
