@@ -12,7 +12,7 @@ from app.errors import RateLimited
 from app.gateway import Gateway
 from app.limits import Budget
 from app.outcomes import Outcome
-from app.proxy.forward import Job
+from app.proxy.job import Job
 from app.proxy.request import Route
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,11 @@ rotate billable lines away). Refused requests carry zero tokens. Fields, in this
     ttft_ms, duration_ms, attempts, continuations, continuation_prompt_tokens,
     tokens_estimated
 
-A continued stream (``app.proxy.resume``) counts every attempt: its ``prompt_tokens`` include the
-continuations' prompts (the conversation plus the answer streamed so far, read again by the next
-worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every token streamed;
-``tokens_estimated`` is true when the tokens streamed before a break had to be estimated.
+A continued stream (``app.proxy.continuation``) counts every attempt: its ``prompt_tokens``
+include the continuations' prompts (the conversation plus the answer streamed so far, read again
+by the next worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every
+token streamed; ``tokens_estimated`` is true when the tokens streamed before a break had to be
+estimated.
 
 ``UsageLog.write`` is a deque append: it never blocks, and the request does no formatting and
 no I/O. One background thread turns the queued records into lines and writes them in batches,
