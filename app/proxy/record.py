@@ -19,6 +19,7 @@ from app.metrics import Metrics
 from app.outcomes import Outcome
 from app.proxy.continuation import ContinuedUsage
 from app.proxy.job import Job
+from app.proxy.unreported import unreported_usage
 from app.workers.acceptance import CollapseDetector
 from app.workers.worker import Worker
 
@@ -121,6 +122,11 @@ class Recorder:
             record.prompt_tokens = tally.usage.prompt_tokens
             record.completion_tokens = tally.usage.completion_tokens
             record.reasoning_tokens = tally.usage.reasoning_tokens or None
+            return
+        estimate = unreported_usage(job)
+        if estimate is not None:  # what the key's quotas are charged, said to be an estimate
+            record.prompt_tokens, record.completion_tokens = estimate
+            record.usage_estimated = True
 
     def _record(self, job: Job, end: float) -> None:
         """The request's metrics, all at once (none were touched while relaying)."""
