@@ -45,6 +45,8 @@ class AccessRecord:
     # Of prompt_tokens: the continuations' prompts (the conversation plus the answer so far).
     continuation_prompt_tokens: int = 0
     tokens_estimated: bool = False  # a continued stream's streamed tokens were estimated
+    # No usage from the worker: the tokens are the gateway's estimate (app.proxy.unreported).
+    usage_estimated: bool = False
     ttft_ms: float | None = None
     queue_ms: float | None = None  # time spent in the admission queue (None: never queued)
     duration_ms: float | None = None

@@ -29,12 +29,15 @@ from pydantic_settings import (
 from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
 from app.media_policy import CLUSTER_SUFFIXES, cluster_suffixes, image_policy
+from app.model_names import check_alias
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
 from app.tracing.config import TracingConfig
 
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
+# Added to the embedded default's aliases: the names Claude Code sends on its own.
+EMBEDDED_CLAUDE_ALIAS = "claude-*"
 
 PolicyName = Literal[
     "least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity", "spare_capacity"
@@ -287,9 +290,16 @@ class ResponsesConfig(_Section):
     # Seconds a stored response stays readable after it completed.
     ttl_s: float = Field(3600.0, gt=0)
     # The in-process store's bounds (least recently used out first); a larger record is not kept.
+    # When the whole store is full, the key holding the most gives way.
     max_items: int = Field(10_000, ge=1)
-    # The in-process store's total size bound, in bytes of stored JSON.
+    # The in-process store's total size bound, in bytes of stored JSON (as max_items).
     max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
+    # Each API key's share of the store (memory and redis), in bytes of stored JSON: a key's
+    # write past it evicts that key's own oldest responses, never another key's; a larger record
+    # is not kept. Without API keys the whole gateway is one key.
+    key_max_bytes: int = Field(32 * 1024 * 1024, ge=64 * 1024)
+    # Each API key's share of the store in responses (memory and redis), as key_max_bytes.
+    key_max_items: int = Field(1000, ge=1)
 
 
 class AuthConfig(_Section):
@@ -330,6 +340,24 @@ class WorkersConfig(_Section):
     # only in /server_info, served with VLLM_SERVER_DEV_MODE=1). admission.per_worker_cap
     # overrides it as it does SGLang's reported limit.
     vllm_max_num_seqs: int = Field(256, ge=1)
+
+
+class KvEventsConfig(_Section):
+    """Subscribe to the workers' KV events (SGLang's and vLLM's --kv-events-config): what each
+    worker's prefix cache stored, evicted and cleared (docs/routing.md, "KV events")."""
+
+    # Subscribe to every worker's publisher (one ZMQ SUB socket per worker).
+    enabled: bool = False
+    # The port every worker publishes on (its --kv-events-config endpoint tcp://*:PORT); the
+    # gateway dials the worker URL's host there.
+    port: int = Field(5557, ge=1, le=65535)
+    # Instead of port: the worker's HTTP port plus this (several workers on one host, e.g.
+    # emulators on 30001, 30002 publishing on 31001, 31002: 1000).
+    port_offset: int | None = Field(None, ge=-65534, le=65534)
+    # The workers' topic (the --kv-events-config "topic"): a ZMQ subscription prefix, "" = all.
+    topic: str = ""
+    # Seconds between two checks of the worker set (new workers subscribed, gone ones dropped).
+    resync_s: float = Field(5.0, gt=0)
 
 
 class DiscoveryConfig(_Section):
@@ -441,6 +469,10 @@ class PDConfig(_Section):
     # How the decode worker is picked (decode capacity bounds concurrency): spare_capacity or
     # least_inflight.
     decode_policy: DecodePolicyName = "spare_capacity"
+    # Seconds a prefill worker has to finish its side of a request once the decode worker
+    # answered in full; then its side is aborted and counted as the prefill worker's timeout
+    # (towards opening its breaker: one that never finishes is taken out of rotation).
+    prefill_drain_s: float = Field(5.0, gt=0)
 
     @field_validator("prefill", "decode", mode="before")
     @classmethod
@@ -543,7 +575,10 @@ class Settings(BaseSettings):
     # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
     # while its spare capacity is at least 1/this of the best worker's.
     prefix_affinity_load_factor: float = Field(1.25, ge=1.0)
-    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5.
+    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5;
+    # a name ending in * is a prefix pattern (claude-*: every name starting with claude-). Left
+    # unset with the embedded default (make run), claude-* is added, so Claude Code answers with
+    # no ANTHROPIC_MODEL set; with real workers it is only what is written here (docs/agents.md).
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"kimi-k2.5": DEFAULT_MODEL}
     )
@@ -576,6 +611,7 @@ class Settings(BaseSettings):
     expose_accept_length: bool = False
 
     health: HealthConfig = HealthConfig()
+    kv_events: KvEventsConfig = KvEventsConfig()
     breaker: BreakerConfig = BreakerConfig()
     retry: RetryConfig = RetryConfig()
     admission: AdmissionConfig = AdmissionConfig()
@@ -590,6 +626,16 @@ class Settings(BaseSettings):
     workers: WorkersConfig = WorkersConfig()
     responses: ResponsesConfig = ResponsesConfig()
     pd: PDConfig = PDConfig()
+
+    @model_validator(mode="after")
+    def _embedded_aliases(self) -> Settings:
+        """The embedded default with ``model_aliases`` unset also answers every ``claude-*``
+        name (what Claude Code sends when no ANTHROPIC_MODEL is set) with the emulated model."""
+        if self.embedded_default and "model_aliases" not in self.model_fields_set:
+            aliases = {**self.model_aliases, EMBEDDED_CLAUDE_ALIAS: self.embedded.model}
+            # Settings is frozen; this is its own validation, before anyone reads it.
+            object.__setattr__(self, "model_aliases", aliases)
+        return self
 
     @model_validator(mode="after")
     def _check_response_store(self) -> Settings:
@@ -685,6 +731,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"model alias {item!r} must look like alias=served-model")
             aliases[alias.strip()] = target.strip()
         return aliases
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _alias_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias in value:
+            check_alias(alias)
+        return value
 
     @property
     def embedded_default(self) -> bool:

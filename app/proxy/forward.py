@@ -54,6 +54,7 @@ from app.proxy.resume import (
 from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
+from app.proxy.unreported import unreported_usage
 from app.routing.policies import Policy, RoutingContext
 from app.tenants.tenant import Tenant
 from app.upstream.client import UpstreamClient
@@ -293,6 +294,11 @@ class Proxy:
             record.prompt_tokens = tally.usage.prompt_tokens
             record.completion_tokens = tally.usage.completion_tokens
             record.reasoning_tokens = tally.usage.reasoning_tokens or None
+            return
+        estimate = unreported_usage(job)
+        if estimate is not None:  # what the key's quotas are charged, said to be an estimate
+            record.prompt_tokens, record.completion_tokens = estimate
+            record.usage_estimated = True
 
     def _record(self, job: Job, end: float) -> None:
         """The request's metrics, all at once (none were touched while relaying)."""

@@ -33,6 +33,7 @@ import orjson
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
 from app.media_policy import image_policy
+from app.model_names import resolve
 from app.proxy.bounds import choices, patch_max_tokens
 from app.proxy.fields import (
     ABSENT,
@@ -45,6 +46,7 @@ from app.proxy.fields import (
     schema_for,
 )
 from app.proxy.media import check_chat_media, may_hold_media
+from app.proxy.metadata import check_raw_metadata
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
@@ -151,6 +153,8 @@ def parse_request(
     model = body.model
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
+    if body.metadata:  # absent: an empty span
+        check_raw_metadata(body.metadata)
     if route is Route.CHAT:
         conversation = _check_messages(body.messages)
         if spans is not None:
@@ -168,7 +172,7 @@ def parse_request(
     client_wants_usage = options is not None and options.include_usage is True
 
     patch: dict[str, bytes] = {}
-    served = aliases.get(model, model)
+    served = resolve(aliases, model)
     if served != model:
         patch["model"] = orjson.dumps(served)
     max_tokens = patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)

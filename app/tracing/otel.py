@@ -281,6 +281,7 @@ class RequestTrace:
             "dflash.reasoning_tokens": record.reasoning_tokens,
             "dflash.accept_length": record.accept_length,
             "dflash.ttft_ms": record.ttft_ms,
+            "dflash.usage_estimated": True if record.usage_estimated else None,
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         self._end(attributes, record.status, record.error, end)
