@@ -41,7 +41,7 @@ class AccessRecord:
     status: int = 0
     outcome: Outcome = Outcome.OK
     attempts: int = 0
-    continuations: int = 0  # attempts that continued a broken stream (app.proxy.resume)
+    continuations: int = 0  # attempts that continued a broken stream (app.proxy.continuation)
     # Of prompt_tokens: the continuations' prompts (the conversation plus the answer so far).
     continuation_prompt_tokens: int = 0
     tokens_estimated: bool = False  # a continued stream's streamed tokens were estimated

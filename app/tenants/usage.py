@@ -11,13 +11,13 @@ rotate billable lines away). Refused requests carry zero tokens. Fields, in this
     ttft_ms, duration_ms, attempts, continuations, continuation_prompt_tokens,
     tokens_estimated, usage_estimated
 
-A continued stream (``app.proxy.resume``) counts every attempt: its ``prompt_tokens`` include the
-continuations' prompts (the conversation plus the answer streamed so far, read again by the next
-worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every token streamed;
-``tokens_estimated`` is true when the tokens streamed before a break had to be estimated.
-``usage_estimated`` is true when the worker reported no usage at all (a stream cut before its
-usage chunk, a whole answer the client hung up on): the tokens are then the estimate its key's
-quotas were charged (``app.proxy.unreported``), never 0 for an answer that was relayed.
+A continued stream (``app.proxy.continuation``) counts every attempt: its ``prompt_tokens``
+include the continuations' prompts (the conversation plus the answer streamed so far, read again
+by the next worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every
+token streamed; ``tokens_estimated`` is true when the tokens streamed before a break had to be
+estimated. ``usage_estimated`` is true when the worker reported no usage at all (a stream cut
+before its usage chunk, a whole answer the client hung up on): the tokens are then the estimate
+its key's quotas were charged (``app.proxy.unreported``), never 0 for an answer that was relayed.
 
 ``UsageLog.write`` is a deque append: it never blocks, and the request does no formatting and
 no I/O. One background thread turns the queued records into lines and writes them in batches,

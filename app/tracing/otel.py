@@ -50,7 +50,7 @@ Clock = Callable[[], float]
 Headers = list[tuple[bytes, bytes]]
 
 
-# What the spans read of the proxy's request (``app.proxy.forward.Job``) and of one attempt
+# What the spans read of the proxy's request (``app.proxy.job.Job``) and of one attempt
 # (``app.proxy.attempt.Attempt``): the proxy sits above tracing and hands itself in.
 class _Named(Protocol):
     @property
