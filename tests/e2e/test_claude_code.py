@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -206,3 +207,27 @@ def test_the_answer_streams(claude: str, gw: ManagedProcess, tmp_path: Path) -> 
     assert len(deltas) > 1  # piece by piece, as the worker generated it
     final = events[-1]
     assert final["type"] == "result" and final["result"] == "".join(deltas)
+
+
+def test_without_anthropic_model_the_refusal_names_the_model_it_asked_for(
+    claude: str, gw: ManagedProcess, tmp_path: Path
+) -> None:
+    """A gateway with real workers serves no ``claude-*`` names unless told to. Its 404 (in
+    Anthropic's shape, as Anthropic answers an unknown model) says to set ANTHROPIC_MODEL; Claude
+    Code shows its own text for any 404 instead, naming the model it sent and ``--model``."""
+    env = {"ANTHROPIC_BASE_URL": gw.url, "ANTHROPIC_AUTH_TOKEN": KEY}
+    run = run_claude(claude, gw, tmp_path, "Say hello", **env)
+    assert run.returncode != 0
+    shown = run.stdout + run.stderr
+    assert "issue with the selected model (claude-" in shown and "--model" in shown, shown
+    refused = [r for r in run.requests if r["route"] == "/v1/messages"]
+    assert refused and all(r["status"] == 404 for r in refused), run.requests
+    # What the gateway answered it (an Anthropic SDK shows the message as it is).
+    body = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    answer = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=10)
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 404 and "ANTHROPIC_MODEL" in message and MODEL in message
