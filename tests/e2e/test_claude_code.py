@@ -24,8 +24,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.conftest import emulator, gateway
-from tests.support.procs import PYTHON, ManagedProcess, managed_processes
+from tests.e2e.conftest import emulator, gateway, make_run
+from tests.support.procs import ManagedProcess, managed_processes
 from tests.support.tools import npm_tool
 
 pytestmark = pytest.mark.processes
@@ -50,18 +50,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
 
 
 @pytest.fixture(scope="module")
-def make_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    """``make run``: ``serve`` with no workers and no keys (its emulated workers on free ports)."""
-    env = {
-        "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
-        "DFLASH_GATEWAY_EMBEDDED__SPEED": "20",
-        "DFLASH_GATEWAY_LOG_JSON": "1",
-    }
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """``make run``'s gateway (no workers, no keys: its own emulated workers)."""
     with managed_processes(tmp_path_factory, "claude-code-make-run") as manager:
-        argv = [PYTHON, "-m", "app", "serve", "--port", "{port}"]
-        yield manager.start(
-            argv, name="serve", ready_path="/readyz", ready_status=200, timeout=60, env=env
-        )
+        yield make_run(manager, {"DFLASH_GATEWAY_LOG_JSON": "1"})
 
 
 @dataclass
@@ -106,14 +98,14 @@ def readme_env(gw: ManagedProcess, key_variable: str) -> dict[str, str]:
 
 
 def test_make_run_answers_claude_code_given_only_a_base_url_and_a_token(
-    claude: str, make_run: ManagedProcess, tmp_path: Path
+    claude: str, embedded: ManagedProcess, tmp_path: Path
 ) -> None:
     """No ANTHROPIC_MODEL: Claude Code sends its own default (claude-opus-...), which the
     embedded default's ``claude-*`` alias serves; the answer carries the name it asked for."""
-    env = {"ANTHROPIC_BASE_URL": make_run.url, "ANTHROPIC_AUTH_TOKEN": "any-token"}
+    env = {"ANTHROPIC_BASE_URL": embedded.url, "ANTHROPIC_AUTH_TOKEN": "any-token"}
     run = run_claude(
         claude,
-        make_run,
+        embedded,
         tmp_path,
         "Say hello",
         "--output-format",
