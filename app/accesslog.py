@@ -41,10 +41,12 @@ class AccessRecord:
     status: int = 0
     outcome: Outcome = Outcome.OK
     attempts: int = 0
-    continuations: int = 0  # attempts that continued a broken stream (app.proxy.resume)
+    continuations: int = 0  # attempts that continued a broken stream (app.proxy.continuation)
     # Of prompt_tokens: the continuations' prompts (the conversation plus the answer so far).
     continuation_prompt_tokens: int = 0
     tokens_estimated: bool = False  # a continued stream's streamed tokens were estimated
+    # No usage from the worker: the tokens are the gateway's estimate (app.proxy.unreported).
+    usage_estimated: bool = False
     ttft_ms: float | None = None
     queue_ms: float | None = None  # time spent in the admission queue (None: never queued)
     duration_ms: float | None = None

@@ -32,7 +32,7 @@ from app.errors import GatewayError
 from app.gateway import Gateway
 from app.proxy.direct import direct_body
 from app.proxy.downstream import Receive, Send
-from app.proxy.forward import Job
+from app.proxy.job import Job
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 

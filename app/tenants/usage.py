@@ -9,12 +9,15 @@ rotate billable lines away). Refused requests carry zero tokens. Fields, in this
     time (RFC 3339 UTC, when the answer ended), request_id, key, priority, model, worker, route,
     stream, status, outcome, prompt_tokens, completion_tokens, reasoning_tokens, accept_length,
     ttft_ms, duration_ms, attempts, continuations, continuation_prompt_tokens,
-    tokens_estimated
+    tokens_estimated, usage_estimated
 
-A continued stream (``app.proxy.resume``) counts every attempt: its ``prompt_tokens`` include the
-continuations' prompts (the conversation plus the answer streamed so far, read again by the next
-worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every token streamed;
-``tokens_estimated`` is true when the tokens streamed before a break had to be estimated.
+A continued stream (``app.proxy.continuation``) counts every attempt: its ``prompt_tokens``
+include the continuations' prompts (the conversation plus the answer streamed so far, read again
+by the next worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every
+token streamed; ``tokens_estimated`` is true when the tokens streamed before a break had to be
+estimated. ``usage_estimated`` is true when the worker reported no usage at all (a stream cut
+before its usage chunk, a whole answer the client hung up on): the tokens are then the estimate
+its key's quotas were charged (``app.proxy.unreported``), never 0 for an answer that was relayed.
 
 ``UsageLog.write`` is a deque append: it never blocks, and the request does no formatting and
 no I/O. One background thread turns the queued records into lines and writes them in batches,
@@ -89,6 +92,7 @@ def usage_line(ended: str, r: AccessRecord) -> bytes:
         "continuations": r.continuations,
         "continuation_prompt_tokens": r.continuation_prompt_tokens,
         "tokens_estimated": r.tokens_estimated,
+        "usage_estimated": r.usage_estimated,
     }
     return orjson.dumps(doc) + b"\n"
 

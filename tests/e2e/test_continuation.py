@@ -1,8 +1,9 @@
-"""Streams that survive their worker (``app.proxy.resume``), with real processes: three emulated
-workers, two of which drop every stream's connection after some events, and a gateway in front
-of them. Whatever worker a stream starts on, its client (curl-like httpx, the openai SDK, the
-anthropic SDK, the Responses API through the openai SDK) sees one ordinary stream with exactly
-the text the worker would have produced; with every worker failing, the in-band error as before.
+"""Streams that survive their worker (``app.proxy.continuation``), with real processes: three
+emulated workers, two of which drop every stream's connection after some events, and a gateway
+in front of them. Whatever worker a stream starts on, its client (curl-like httpx, the openai
+SDK, the anthropic SDK, the Responses API through the openai SDK) sees one ordinary stream with
+exactly the text the worker would have produced; with every worker failing, the in-band error as
+before.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ FIELDS = [
     "continuations",
     "continuation_prompt_tokens",
     "tokens_estimated",
+    "usage_estimated",
 ]
 ROUTE = "/v1/chat/completions"
 
