@@ -257,7 +257,10 @@ def test_network_policies_let_only_the_gateway_reach_workers(
     assert _selects(
         worker_np["podSelector"]["matchLabels"], m.workers["spec"]["template"]["metadata"]["labels"]
     )
-    [rule] = worker_np["ingress"]
+    rule, kv_rule = worker_np["ingress"]  # the worker port; the KV events port (kvEvents on)
+    assert kv_rule["ports"] == [{"port": "kv-events", "protocol": "TCP"}]
+    kv_peers = [p["podSelector"]["matchLabels"] for p in kv_rule["from"]]
+    assert [_selects(p, gateway_labels) for p in kv_peers] == [True]
     pod_peers = [p["podSelector"]["matchLabels"] for p in rule["from"] if "podSelector" in p]
     assert [_selects(p, gateway_labels) for p in pod_peers] == [True]
     assert not any(_selects(p, test_labels) for p in pod_peers)
