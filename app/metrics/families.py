@@ -28,7 +28,7 @@ RETRY_REASONS = frozenset(
     }
 )
 SOURCES = ("exact", "estimated")
-# ``stream_continuations_total{outcome}`` (``app.proxy.resume``): ok (the continuation relayed
+# ``stream_continuations_total{outcome}`` (``app.proxy.continuation``): ok (the continuation relayed
 # the rest of the stream), failed (it broke too), and why none was started: no_worker (no other
 # healthy worker), limit (retry.mid_stream_attempts used up), not_continuable (the stream had
 # tool-call deltas or its finish already).

@@ -457,7 +457,7 @@ class Metrics(Families):
         self._observe(self._child(self.queue_wait, priority), seconds)
 
     def record_kv_wait(self, model: str, seconds: float) -> None:
-        """A PD pair's KV-transfer wait (``app.proxy.pd``)."""
+        """A PD pair's KV-transfer wait (``app.proxy.dispatch.pd``)."""
         self._child(self.kv_transfer_wait, self._model(model)).observe(seconds)
 
     def record_attempt(self, worker: str, outcome: Outcome) -> None:

@@ -12,7 +12,7 @@ from app.outcomes import Outcome
 from app.proxy.request import Route
 
 if TYPE_CHECKING:
-    from app.proxy.forward import Job
+    from app.proxy.job import Job
 
 # Decode speed of one request when its worker reported none (tokens per second): about what one
 # request of a busy DFlash Kimi-K2.5 node generates (and the emulator at --speed 1).

@@ -50,7 +50,7 @@ Clock = Callable[[], float]
 Headers = list[tuple[bytes, bytes]]
 
 
-# What the spans read of the proxy's request (``app.proxy.forward.Job``) and of one attempt
+# What the spans read of the proxy's request (``app.proxy.job.Job``) and of one attempt
 # (``app.proxy.attempt.Attempt``): the proxy sits above tracing and hands itself in.
 class _Named(Protocol):
     @property
@@ -273,6 +273,7 @@ class RequestTrace:
             "dflash.queue_wait_s": queue_wait_s,
         }
         optional: dict[str, AttributeValue | None] = {
+            "dflash.client_request_id": record.client_request_id,
             "dflash.key": record.key,
             "dflash.priority": record.priority,
             "dflash.worker": record.worker,

@@ -9,8 +9,9 @@ dropped (a worker whose URL changed counts as gone and new).
 Sequence numbers (``app.workers.kv_events``): the first batch read after subscribing, a batch
 whose sequence is not the previous one plus 1 (batches dropped under the publisher's high-water
 mark, a restarted worker counting from 0 again), and the first good batch after an undecodable
-one are handed over with ``gap=True``. ZMQ reconnects by itself; what a worker published while
-it was unreachable is lost, and the next batch shows the gap. The replay socket some engines
+one are handed over with ``gap=True``. A dropped connection (a socket monitor sees it) makes the
+next batch a gap too: ZMQ reconnects by itself, and what a worker published while it was
+unreachable is lost, even when its sequence happens to line up. The replay socket some engines
 offer is not used: a gap means "start over" for the sink.
 """
 
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from app.config import KvEventsConfig
 from app.workers.kv_events import BadBatch, KvEvent, KvEventSink, decode_batch, sequence_number
@@ -133,31 +135,52 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.SUBSCRIBE, self._config.topic.encode())
+        # Connection changes: whatever happened while the connection was down is lost.
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         sock.connect(endpoint)
-        last: int | None = None
-        gap = True  # nothing is known of the worker's cache before the first batch
+        state = _Sequence()
         try:
             while True:
-                frames = await sock.recv_multipart()
-                try:
-                    if len(frames) != 3:
-                        raise BadBatch(f"{len(frames)} frames, not (topic, sequence, payload)")
-                    seq = sequence_number(frames[1])
-                    batch = decode_batch(frames[2])
-                except BadBatch as exc:
-                    log.warning("KV events from %s: %s; its cache state is unknown", url, exc)
-                    self._on_bad_batch(url)
-                    gap = True
-                    continue
-                if last is not None and seq != last + 1:
-                    gap = True
-                last = seq
-                try:
-                    self._sink.kv_events(url, batch.events, gap=gap)
-                except Exception:  # a sink's bug must not stop the subscription
-                    log.exception("KV events sink failed on a batch from %s", url)
-                    gap = True  # the sink missed this batch
-                    continue
-                gap = False
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    parse_monitor_message(await monitor.recv_multipart())
+                    state.gap = True
+                if sock in ready:
+                    self._handle(url, await sock.recv_multipart(), state)
         finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
             sock.close(linger=0)
+
+    def _handle(self, url: str, frames: list[bytes], state: _Sequence) -> None:
+        try:
+            if len(frames) != 3:
+                raise BadBatch(f"{len(frames)} frames, not (topic, sequence, payload)")
+            seq = sequence_number(frames[1])
+            batch = decode_batch(frames[2])
+        except BadBatch as exc:
+            log.warning("KV events from %s: %s; its cache state is unknown", url, exc)
+            self._on_bad_batch(url)
+            state.gap = True
+            return
+        if state.last is not None and seq != state.last + 1:
+            state.gap = True
+        state.last = seq
+        try:
+            self._sink.kv_events(url, batch.events, gap=state.gap)
+        except Exception:  # a sink's bug must not stop the subscription
+            log.exception("KV events sink failed on a batch from %s", url)
+            return  # the sink missed this batch: the next one is a gap
+        state.gap = False
+
+
+@dataclass
+class _Sequence:
+    """One subscription's place in its worker's sequence."""
+
+    last: int | None = None
+    # Nothing is known of the worker's cache before the first batch.
+    gap: bool = True

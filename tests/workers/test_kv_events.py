@@ -151,6 +151,27 @@ async def test_sequence_gaps_restarts_and_bad_batches(pub: tuple[zmq.Socket[byte
             (0, True),
             (1, False),
         ]
+        # The connection drops and comes back (the publisher rebinds): the next batch is a gap
+        # even though its sequence follows on.
+        sock.close(linger=0)
+        sock = zmq.Context.instance().socket(zmq.PUB)
+        try:
+            for _ in range(100):  # the old socket lets go of the port in ZMQ's I/O thread
+                try:
+                    sock.bind(f"tcp://127.0.0.1:{port}")
+                    break
+                except zmq.ZMQError:
+                    await asyncio.sleep(0.05)
+            start = len(sink.batches)
+            for _ in range(250):
+                send(2)
+                await asyncio.sleep(0.02)
+                if len(sink.batches) > start:
+                    break
+            _, events, gap = sink.batches[start]
+            assert events == (BlockRemoved((2,)),) and gap is True
+        finally:
+            sock.close(linger=0)
         subscriber.sync([])  # the worker left the pool
         assert subscriber.endpoints == {}
     finally:
