@@ -400,15 +400,6 @@ def access_attempts(gateway_log: Path) -> dict[str, int]:
     }
 
 
-def client_ids(gateway_log: Path) -> dict[str, str]:
-    """The gateway's own id of each request (what its workers were sent) → the client's."""
-    return {
-        doc["request_id"]: doc["client_request_id"]
-        for doc in _access(gateway_log)
-        if doc.get("client_request_id")
-    }
-
-
 def access_continued(gateway_log: Path) -> int:
     """Requests the access log says were continued on another worker after a break."""
     return sum(
@@ -418,15 +409,15 @@ def access_continued(gateway_log: Path) -> int:
     )
 
 
-def completed_generations(stats_dir: Path, ids: dict[str, str]) -> Counter[str]:
-    """Completed generations per request, by the client's id (``ids``: the gateway's → the
-    client's)."""
+def completed_generations(stats_dir: Path) -> Counter[str]:
+    """Completed generations per request, by the client's X-Request-Id (which its workers were
+    sent)."""
     done: Counter[str] = Counter()
     for path in stats_dir.glob("*.jsonl"):
         for rec in _json_lines(path):
             finished = rec.get("finish_reason") and not rec.get("aborted")
             if rec.get("request_id") and finished and not rec.get("error"):
-                done[ids.get(rec["request_id"], rec["request_id"])] += 1
+                done[rec["request_id"]] += 1
     return done
 
 
@@ -489,8 +480,7 @@ async def run_chaos(procs: ProcessManager, config: ChaosConfig, workdir: Path) -
     while not wanted <= attempts.keys() and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
         attempts = access_attempts(gw.log_path)
-    done = completed_generations(stats_dir, client_ids(gw.log_path))
-    check(report, results, attempts, done, want)
+    check(report, results, attempts, completed_generations(stats_dir), want)
     report.continued = access_continued(gw.log_path)
     return report
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable
 
 from app.door.keys import key_name
-from app.door.request_id import request_id_of
+from app.door.request_id import echo_id_of, request_id_of
 from app.door.visit import Visit
 from app.errors import (
     InvalidRequest,
@@ -37,10 +37,12 @@ _PRIORITY = PRIORITY_HEADER.lower().encode("ascii")
 
 
 class RequestId:
-    """The request's X-Request-Id: the client's if sane, else a new one (``request_id``)."""
+    """The request's ids: the gateway's own (``request_id``) and the ``X-Request-Id`` echoed
+    (``echo_id``: the client's if sane, else the gateway's)."""
 
     def check(self, visit: Visit) -> None:
         visit.request_id = request_id_of(visit.scope)
+        visit.echo_id = echo_id_of(visit.scope)
 
 
 class Trace:

@@ -107,9 +107,11 @@ async def refuse(
     key: str | None,
     duration_s: float,
     client_request_id: str | None = None,
+    echo_id: str | None = None,
 ) -> None:
-    """Record ``error`` (``reject``) and answer it in ``shape``, with ``headers`` (the key's
-    rate-limit headers, once they are known)."""
+    """Record ``error`` (``reject``) under ``request_id`` and answer it in ``shape``, with
+    ``headers`` (the key's rate-limit headers, once they are known) and ``echo_id`` (default:
+    ``request_id``) as its X-Request-Id."""
     reject(
         gw,
         route,
@@ -119,4 +121,4 @@ async def refuse(
         duration_s=duration_s,
         client_request_id=client_request_id,
     )
-    await send_error(send, error, request_id.encode("ascii"), shape, headers)
+    await send_error(send, error, (echo_id or request_id).encode("ascii"), shape, headers)

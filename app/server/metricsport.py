@@ -21,7 +21,7 @@ from app.accesslog import AccessRecord
 from app.api.ops import exposition
 from app.door.keys import ops_key_of
 from app.door.reject import NO_MODEL, REJECTED
-from app.door.request_id import client_request_id_of, request_id_of
+from app.door.request_id import client_request_id_of, echo_id_of, request_id_of
 from app.errors import GatewayError, MethodNotAllowed, NotFound
 from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE, OTHER
@@ -62,7 +62,7 @@ def metrics_app(gateway: Gateway) -> Any:
                 "headers": [
                     (b"content-type", ctype),
                     (b"content-length", str(len(body)).encode()),
-                    (b"x-request-id", request_id.encode("ascii")),
+                    (b"x-request-id", echo_id_of(scope).encode("ascii")),
                 ],
             }
         )

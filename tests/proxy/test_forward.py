@@ -90,10 +90,10 @@ async def test_headers_to_workers() -> None:
     assert sent["authorization"] == "Bearer worker-secret"
     assert "cookie" not in sent and "x-hop" not in sent
     assert sent["traceparent"].startswith("00-0af7")
-    # The gateway's own id, never the client's (kept in the records as client_request_id).
-    assert re.fullmatch(r"[0-9a-f]{32}", sent["x-request-id"])
+    # The client's own id, echoed and sent on (the records' id is the gateway's own).
+    assert sent["x-request-id"] == "req-123"
     assert sent["x-emulator-profile"] == "gsm8k"
-    assert ex.headers["x-request-id"] == sent["x-request-id"]
+    assert ex.headers["x-request-id"] == "req-123"
 
 
 # What SGLang 0.5.23 acts on (X-Data-Parallel-Rank always, the X-Override-* family with
