@@ -1,35 +1,18 @@
 """A worker's chat stream, event by event, as the Responses API's stream.
 
-``ResponsesStream`` has the relay's observer shape (``app.proxy.surface.Observer``). Its grammar,
-every event with its ``event:`` line and a ``sequence_number`` counting from 0::
-
-    response.created  response.in_progress
-    ( response.output_item.added
-        reasoning:  (response.reasoning_summary_part.added  response.reasoning_summary_text.delta*
-                     response.reasoning_summary_text.done  response.reasoning_summary_part.done)
-                  | (response.content_part.added  response.reasoning_text.delta*
-                     response.reasoning_text.done  response.content_part.done)
-        message:    response.content_part.added  response.output_text.delta*
-                    response.output_text.done  response.content_part.done
-        function_call: response.function_call_arguments.delta*
-                       response.function_call_arguments.done
-      response.output_item.done )*
-    response.completed | response.incomplete (finish_reason length) | response.failed
-
-One output item is open at a time: ``reasoning`` (from ``reasoning_content``; summary events when
-the request asked for a reasoning summary, which is what Codex CLI renders, else reasoning-text
-events), ``message`` (from ``content``) or ``function_call`` (opened by a tool call's id or name,
-its arguments as deltas); a change of kind closes the open item. The worker's first chat chunk
-becomes ``response.created`` (the commit point); its usage chunk (the gateway always asks for one)
-gives the last event its usage and the acceptance-length estimate its steps; its ``[DONE]`` ends
-the response. A worker's error event before the first chunk is raised (the attempt may be
-retried); after it, it ends the stream with ``response.failed``. So does any gateway failure
-after the commit point (``fail``, called through the request's error shape). A chunk that is not
-a chat chunk (``choices`` not a list of objects, a delta or tool call of the wrong types) is a
-broken worker: ``UpstreamBadResponse``, retried before the commit point, ``response.failed``
-after it. An event is checked whole before any of its events is written; the events of a read
-before a broken one go out, the failure with the next read (or the stream's end), so sequence
-numbers never skip.
+``ResponsesStream`` has the relay's observer shape (``app.proxy.surface.Observer``); the events it
+writes and their grammar are ``app.responses.events``. An output item ``reasoning`` comes from
+``reasoning_content``, ``message`` from ``content``, ``function_call`` from ``tool_calls``. The
+worker's first chat chunk becomes ``response.created`` (the commit point); its usage chunk (the
+gateway always asks for one) gives the last event its usage and the acceptance-length estimate
+its steps; its ``[DONE]`` ends the response. A worker's error event before the first chunk is
+raised (the attempt may be retried); after it, it ends the stream with ``response.failed``. So
+does any gateway failure after the commit point (``fail``, called through the request's error
+shape). A chunk that is not a chat chunk (``choices`` not a list of objects, or a choice that
+``app.responses.chunk`` rejects) is a broken worker: ``UpstreamBadResponse``, retried before the
+commit point, ``response.failed`` after it. An event is checked whole before any of its events
+is written; the events of a read before a broken one go out, the failure with the next read (or
+the stream's end), so sequence numbers never skip.
 
 Cost per chunk: for the common delta (one text or reasoning delta of the open item's kind, in
 SGLang's layout) no parse of the worker's event: its JSON string literal is cut out, checked to be
@@ -54,37 +37,23 @@ from typing import Any
 
 import orjson
 
-from app.errors import GatewayError, UpstreamBadResponse, UpstreamError
-from app.responses.response import (
-    Context,
-    call_item,
-    finish,
-    frame,
-    message_item,
-    output_text,
-    reasoning_item,
-    usage_of,
-)
-from app.upstream.sse import (
-    ACCEPT_LENGTH_FIELD,
-    StreamState,
-    answers,
-    foreign,
-    leading_error,
-    parse_usage,
-)
+from app.errors import GatewayError, UpstreamError
+from app.responses.chunk import Delta, bad
+from app.responses.events import END, SEQ, EventWriter
+from app.responses.response import Context
+from app.upstream.sse import answers, foreign, leading_error, parse_usage
 
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
-_SEQ = b',"sequence_number":'
 # The common worker chunk (``_quick``): one content or reasoning delta, as SGLang lays it out.
 _FAST_CHOICE = b'"choices":[{"index":0,"delta":{'
 _CONTENT = b'"content":'
 _REASONING = b'"reasoning_content":'
+# An item's ``_marker`` by its kind: what precedes a delta's string in ``_quick``.
+_MARKERS = {"message": _FAST_CHOICE + _CONTENT, "reasoning": _FAST_CHOICE + _REASONING}
 _FAST_END = b'"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
 _FAST_START = b'data: {"id":'
 _CUT = 1 - len(_FAST_END)  # the delta's JSON string ends where _FAST_END begins, after its quote
-_END = b"}\n\n"
-_TAIL = b'"' + _SEQ + b"%d" + _END  # a delta event's end, from its literal's closing quote
+_TAIL = b'"' + SEQ + b"%d" + END  # a delta event's end, from its literal's closing quote
 _TAILS: list[bytes] = []  # _TAIL for the sequence numbers 0, 1, ... (grown on demand)
 _MAX_TAILS = 1 << 14
 _RUN_END = _FAST_END[-3:] + b"\n\n"  # where ``_run`` cuts: the end of an event, its blank line
@@ -105,100 +74,17 @@ def _tails(seq: int, count: int) -> list[bytes]:
     return list(map(_TAIL.__mod__, range(seq, stop)))
 
 
-def _bad(what: str) -> UpstreamBadResponse:
-    return UpstreamBadResponse(f"a worker sent a stream event with {what}")
-
-
-def _str(value: Any, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise _bad(what)
-
-
-class _Delta:
-    """A chunk's choice, checked: nothing is written until the whole chunk passed."""
-
-    __slots__ = ("calls", "finish", "reasoning", "text")
-
-    def __init__(self, choice: Any) -> None:
-        if not isinstance(choice, dict):
-            raise _bad("a choice that is not an object")
-        delta = choice.get("delta")
-        if delta is None:
-            delta = {}
-        elif not isinstance(delta, dict):
-            raise _bad("a delta that is not an object")
-        # SGLang's reasoning_content; vLLM's reasoning (newer) or both (the same text).
-        reasoning = delta.get("reasoning_content")
-        if reasoning is None:
-            reasoning = delta.get("reasoning")
-        self.reasoning = _str(reasoning, "a non-string reasoning_content")
-        self.text = _str(delta.get("content"), "a non-string content")
-        calls = delta.get("tool_calls")
-        self.calls: list[tuple[Any, str | None, str | None, str | None]] = []
-        if calls is not None:
-            if not isinstance(calls, list):
-                raise _bad("tool_calls that are not a list")
-            for call in calls:
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(call, dict) or not isinstance(function, dict | None):
-                    raise _bad("a malformed tool call")
-                function = function or {}
-                index = call.get("index")
-                if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
-                    raise _bad("a tool call index that is not an integer")
-                self.calls.append(
-                    (
-                        index,
-                        _str(call.get("id"), "a non-string tool call id"),
-                        _str(function.get("name"), "a non-string tool name"),
-                        _str(function.get("arguments"), "non-string tool arguments"),
-                    )
-                )
-        self.finish = _str(choice.get("finish_reason"), "a non-string finish_reason")
-
-
-class ResponsesStream(StreamState):
-    __slots__ = (
-        "_ctx",
-        "_expose",
-        "_failed",
-        "_finish",
-        "_finished",
-        "_head",
-        "_item",
-        "_kind",
-        "_marker",
-        "_output",
-        "_pending",
-        "_pieces",
-        "_prefix",
-        "_raw_usage",
-        "_seq",
-        "_steps",
-        "_tool",
-    )
+class ResponsesStream(EventWriter):
+    __slots__ = ("_failed", "_marker", "_pending", "_prefix", "_steps")
 
     def __init__(self, ctx: Context, *, expose: bool = False) -> None:
-        super().__init__()
-        self._ctx = ctx
-        self._expose = expose  # add the estimated acceptance length to the final usage
-        self._seq = 0  # the next event's sequence_number
-        self._output: list[dict[str, Any]] = []  # the closed items
-        self._kind: str | None = None  # the open item's kind
+        super().__init__(ctx, expose=expose)
         self._marker: bytes | None = None  # what precedes a delta's string in ``_quick``
-        self._item: dict[str, Any] = {}  # the open item (as output_item.added showed it)
-        self._pieces: list[str] = []  # the open item's text or arguments so far
-        self._head = b""  # the open item's delta event, up to its delta value
         # The worker's common delta event up to its literal, as this item's first one had it
         # (``_quick``; ``_run`` looks for it); None: not seen yet.
         self._prefix: bytes | None = None
-        self._tool: Any = None  # the worker's index of the open tool call
-        self._finish: Any = None
-        self._raw_usage: Any = None
         self._steps = 0  # chat data events with choices
         self._failed = False
-        self._finished = False  # the terminal event went out
         self._pending: UpstreamError | None = None  # raised at the next read (see ``feed``)
 
     # -- the relay's side ----------------------------------------------------------------------
@@ -282,7 +168,7 @@ class ResponsesStream(StreamState):
         self._pieces.append(text)
         seq = self._seq
         self._seq = seq + 1
-        return self._head + literal + _SEQ + b"%d" % seq + _END
+        return self._head + literal + SEQ + b"%d" % seq + END
 
     def _run(self, region: bytes, pos: int, out: list[bytes]) -> int:
         """The run of common deltas at ``pos`` (an event's start, where ``_prefix`` is), in
@@ -393,7 +279,7 @@ class ResponsesStream(StreamState):
         self.events += 1
         if payload == b"[DONE]":
             if not self.first_data:
-                raise _bad("nothing before [DONE]")
+                raise bad("nothing before [DONE]")
             self.done = True
             if not self._finished:
                 self._end(out)
@@ -403,9 +289,9 @@ class ResponsesStream(StreamState):
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            raise _bad("invalid JSON") from None
+            raise bad("invalid JSON") from None
         if not isinstance(obj, dict):
-            raise _bad("JSON that is not an object")
+            raise bad("JSON that is not an object")
         choices = obj.get("choices")
         if "error" in obj and choices is None:
             error = leading_error(payload)
@@ -416,12 +302,12 @@ class ResponsesStream(StreamState):
             return
         if not choices:
             if choices is not None and not isinstance(choices, list):
-                raise _bad("choices that are not a list")
+                raise bad("choices that are not a list")
             self._usage(obj)
             return
         if not isinstance(choices, list):
-            raise _bad("choices that are not a list")
-        delta = _Delta(choices[0])
+            raise bad("choices that are not a list")
+        delta = Delta(choices[0])
         if not self.first_data:
             rid = self.expect
             if rid is not None and not answers(rid, obj.get("id")):
@@ -448,175 +334,13 @@ class ResponsesStream(StreamState):
             steps = self._steps - _OVERHEAD
             self.usage.verify_steps = steps if steps > 0 else None
 
-    # -- events --------------------------------------------------------------------------------
-
-    def _event(self, data: dict[str, Any]) -> bytes:
-        data["sequence_number"] = self._seq
-        self._seq += 1
-        kind: bytes = data["type"].encode()
-        return b"event: " + kind + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-    def _delta(self, value: str, literal: bytes | None = None) -> bytes:
-        """The open item's delta event for ``value`` (``literal``: it as a JSON string)."""
-        seq = self._seq
-        self._seq += 1
-        self._pieces.append(value)
-        if literal is None:
-            literal = orjson.dumps(value)
-        return self._head + literal + _SEQ + b"%d" % seq + _END
-
-    def _response(self, status: str) -> dict[str, Any]:
-        response = frame(self._ctx, status)
-        response["output"] = list(self._output)
-        return response
-
-    def _begin(self, out: list[bytes]) -> None:
-        self.first_data = True
-        response = orjson.dumps(self._response("in_progress"))  # once for both events
-        for kind in (b"response.created", b"response.in_progress"):
-            seq = self._seq
-            self._seq = seq + 1
-            out.append(
-                b'event: %s\ndata: {"type":"%s","response":%s,"sequence_number":%d}\n\n'
-                % (kind, kind, response, seq)
-            )
+    # -- the open item's fast path -------------------------------------------------------------
 
     def _open(self, kind: str, item: dict[str, Any], out: list[bytes]) -> None:
-        self._close(out)
-        self._kind, self._item, self._pieces = kind, item, []
+        super()._open(kind, item, out)
         self._prefix = None
-        key = _CONTENT if kind == "message" else _REASONING if kind == "reasoning" else None
-        self._marker = None if key is None else _FAST_CHOICE + key
-        index = len(self._output)
-        added = {"type": "response.output_item.added", "output_index": index, "item": item}
-        out.append(self._event(added))
-
-    def _head_for(self, kind: str, extra: str) -> bytes:
-        return (
-            b"event: %s\ndata: {\"type\":\"%s\",\"item_id\":\"%s\",\"output_index\":%d%s,"
-            b'"delta":'
-            % (kind.encode(), kind.encode(), self._item["id"].encode(), len(self._output),
-               extra.encode())
-        )  # fmt: skip
-
-    def _reasoning(self, text: str, out: list[bytes], literal: bytes | None = None) -> None:
-        if self._kind != "reasoning":
-            self._close(out)
-            index = len(self._output)
-            item = reasoning_item(self._ctx, index, "", "in_progress")
-            item["summary"] = []
-            item.pop("content", None)
-            self._open("reasoning", item, out)
-            common = {"item_id": item["id"], "output_index": index}
-            if self._ctx.summary:
-                part = {"type": "summary_text", "text": ""}
-                added = {"type": "response.reasoning_summary_part.added", **common}
-                out.append(self._event({**added, "summary_index": 0, "part": part}))
-                self._head = self._head_for(
-                    "response.reasoning_summary_text.delta", ',"summary_index":0'
-                )
-            else:
-                part = {"type": "reasoning_text", "text": ""}
-                added = {"type": "response.content_part.added", **common}
-                out.append(self._event({**added, "content_index": 0, "part": part}))
-                self._head = self._head_for("response.reasoning_text.delta", ',"content_index":0')
-        out.append(self._delta(text, literal))
-
-    def _text(self, text: str, out: list[bytes], literal: bytes | None = None) -> None:
-        if self._kind != "message":
-            self._close(out)
-            index = len(self._output)
-            item = message_item(self._ctx, index, "", "in_progress")
-            self._open("message", item, out)
-            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            part = output_text("")
-            out.append(self._event({"type": "response.content_part.added", **common, "part": part}))
-            self._head = self._head_for(
-                "response.output_text.delta", ',"content_index":0,"logprobs":[]'
-            )
-        out.append(self._delta(text, literal))
-
-    def _call(self, call: tuple[Any, str | None, str | None, str | None], out: list[bytes]) -> None:
-        index, call_id, name, arguments = call
-        if call_id or name or self._kind != "call" or index != self._tool:
-            self._close(out)
-            item = call_item(
-                self._ctx, len(self._output), call_id or "", name or "", "", "in_progress"
-            )
-            self._open("call", item, out)
-            self._tool = index
-            self._head = self._head_for("response.function_call_arguments.delta", "")
-        if arguments:
-            out.append(self._delta(arguments))
+        self._marker = _MARKERS.get(kind)
 
     def _close(self, out: list[bytes], status: str = "completed") -> None:
-        kind = self._kind
-        if kind is None:
-            return
-        self._kind = self._marker = self._prefix = None
-        item, text = self._item, "".join(self._pieces)
-        index = len(self._output)
-        common = {"item_id": item["id"], "output_index": index}
-        if kind == "reasoning":
-            done = reasoning_item(self._ctx, index, text, status)
-            if self._ctx.summary:
-                part = {"type": "summary_text", "text": text}
-                out.append(
-                    self._event(
-                        {"type": "response.reasoning_summary_text.done", **common}
-                        | {"summary_index": 0, "text": text}
-                    )
-                )
-                out.append(
-                    self._event(
-                        {"type": "response.reasoning_summary_part.done", **common}
-                        | {"summary_index": 0, "part": part}
-                    )
-                )
-            else:
-                part = {"type": "reasoning_text", "text": text}
-                common["content_index"] = 0
-                out.append(
-                    self._event({"type": "response.reasoning_text.done", **common, "text": text})
-                )
-                out.append(
-                    self._event({"type": "response.content_part.done", **common, "part": part})
-                )
-        elif kind == "message":
-            done = message_item(self._ctx, index, text, status)
-            common["content_index"] = 0
-            out.append(
-                self._event(
-                    {"type": "response.output_text.done", **common, "text": text, "logprobs": []}
-                )
-            )
-            part = output_text(text)
-            out.append(self._event({"type": "response.content_part.done", **common, "part": part}))
-        else:
-            done = dict(item, arguments=text, status=status)
-            out.append(
-                self._event(
-                    {"type": "response.function_call_arguments.done", **common}
-                    | {"name": item["name"], "arguments": text}
-                )
-            )
-        self._output.append(done)
-        out.append(
-            self._event({"type": "response.output_item.done", "output_index": index, "item": done})
-        )
-
-    def _end(self, out: list[bytes]) -> None:
-        incomplete = self._finish == "length"
-        self._close(out, "incomplete" if incomplete else "completed")
-        self._finished = True
-        response = self._response("completed")
-        finish(response, self._finish)
-        usage = usage_of(self._raw_usage)
-        length = self.usage.accept_length if self.usage is not None else None
-        if usage is not None and self._expose and length is not None:
-            usage[ACCEPT_LENGTH_FIELD] = round(length, 4)
-        response["usage"] = usage
-        kind = "response.incomplete" if incomplete else "response.completed"
-        if self._ctx.on_final is not None:
-            self._ctx.on_final(response)
-        out.append(self._event({"type": kind, "response": response}))
+        self._marker = self._prefix = None
+        super()._close(out, status)
