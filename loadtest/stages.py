@@ -52,7 +52,7 @@ STAGES = [
     ),
     (
         "HTTP server: uvicorn's protocol and ASGI cycle, the connection guard",
-        r"^(HttpToolsProtocol\.|HttpConnection\.|GuardedConnection\.|RequestResponseCycle\.|"
+        r"^(HttpToolsProtocol\.|HttpConnection\.|HeadMeter\.|GuardedConnection\.|RequestResponseCycle\.|"
         r"GatewayApp\.|FlowControl)",
     ),
     (

@@ -4,7 +4,7 @@ uvicorn's httptools protocol waits as long as a client likes for a request's hea
 keeps every header byte it is sent and accepts every connection: a few hundred connections
 trickling bytes (slowloris), one header line that never ends, or thousands of idle connections
 would hold sockets, memory and CPU forever. ``guarded_protocol`` returns a protocol class
-(``app.server.uvicorn_adapter.HttpConnection`` with its hooks filled in) with these limits:
+(``app.server.uvicorn.protocol.HttpConnection`` with its hooks filled in) with these limits:
 
 - at most ``max_connections`` open connections per server (process): one more is answered 503
   at once, without reading its request;
@@ -61,8 +61,8 @@ from app.errors import (
 )
 from app.proxy.direct import EXTENSION
 from app.proxy.surface import OPENAI, ErrorShape
-from app.server.lane import ResponseLane
-from app.server.uvicorn_adapter import HttpConnection
+from app.server.uvicorn.lane import ResponseLane
+from app.server.uvicorn.protocol import HttpConnection
 
 log = logging.getLogger(__name__)
 

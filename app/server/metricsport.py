@@ -26,7 +26,7 @@ from app.errors import GatewayError, MethodNotAllowed, NotFound
 from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE, OTHER
 from app.server.guard import GuardedConnection
-from app.server.uvicorn_adapter import Server
+from app.server.uvicorn.server import Server
 
 
 def metrics_app(gateway: Gateway) -> Any:

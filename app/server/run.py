@@ -32,7 +32,7 @@ from app.server.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.server.guard import GuardedConnection, GuardLimits, guarded_protocol
 from app.server.metricsport import MetricsServer
 from app.server.processes import ProcessGroup
-from app.server.uvicorn_adapter import Server
+from app.server.uvicorn.server import Server
 from app.sockets import listen, listen_shared
 from app.surfaces import ROUTES, shape_of
 from app.tenants.usage import process_path

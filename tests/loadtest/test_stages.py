@@ -17,7 +17,7 @@ PROFILE = "\n".join(
         "parse_request (app/proxy/request.py:124) 2",
         "Runner.run (asyncio/runners.py:118);serve_entry (app/proxy/ingress.py:150) 1",
         "Runner.run (asyncio/runners.py:118);HttpConnection.data_received "
-        "(app/server/uvicorn_adapter.py:187) 2",
+        "(app/server/uvicorn/protocol.py:187) 2",
         "Runner.run (asyncio/runners.py:118) 2",
     ]
 )

@@ -1,6 +1,6 @@
 """Pipelined requests (many sent in one write before any answer is read): the server reads at
 most ``limits.max_pipelined`` of them ahead on one connection, answers every one in order, and
-serves other clients meanwhile (``app.server.uvicorn_adapter``)."""
+serves other clients meanwhile (``app.server.uvicorn.protocol``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What the gateway takes from uvicorn beyond its public API (``app/server/uvicorn_adapter.py``,
-``app/server/lane.py``, ``app/server/run.py``, ``app/server/metricsport.py``) is still there, by
+"""What the gateway takes from uvicorn beyond its public API (``app/server/uvicorn/``,
+``app/server/run.py``, ``app/server/metricsport.py``) is still there, by
 name.
 
 A uvicorn release that renames one of these fails here, naming it, instead of failing in
@@ -24,7 +24,7 @@ from uvicorn.server import ServerState
 
 from app.proxy.direct import direct_body
 from app.server.guard import GuardLimits, guarded_protocol
-from app.server.uvicorn_adapter import HttpConnection
+from app.server.uvicorn.protocol import HttpConnection
 
 CHECKED = ("0.55.0",)
 
@@ -37,14 +37,14 @@ def _require(obj: Any, names: list[str], what: str) -> None:
     missing = _missing(obj, names)
     assert not missing, (
         f"uvicorn {uvicorn.__version__}: {what} has no {', '.join(missing)} "
-        "(app/server/uvicorn_adapter.py relies on it)"
+        "(app/server/uvicorn/ relies on it)"
     )
 
 
 def test_the_installed_uvicorn_was_checked_and_is_the_one_pinned() -> None:
     assert uvicorn.__version__ in CHECKED, (
         f"uvicorn {uvicorn.__version__} has not been checked against "
-        "app/server/uvicorn_adapter.py: run tests/server and tests/security with it, then add it "
+        "app/server/uvicorn/: run tests/server and tests/security with it, then add it "
         "to CHECKED and to the pin in pyproject.toml"
     )
     project = tomllib.loads(Path("pyproject.toml").read_text())["project"]

@@ -1,7 +1,7 @@
 """One request's response written straight to its connection's transport, past uvicorn's ASGI
 ``send`` (``app.proxy.direct.DirectBody``), keeping uvicorn's request cycle as ``send`` leaves it:
 chunked body writes of a started stream, or a whole response in one write. Like
-``app.server.uvicorn_adapter`` it touches uvicorn's private request cycle (checked by name in
+``app.server.uvicorn.protocol`` it touches uvicorn's private request cycle (checked by name in
 ``tests/server/test_uvicorn_contract.py``).
 """
 

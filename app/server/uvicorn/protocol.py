@@ -1,11 +1,11 @@
-"""Everything the gateway needs from uvicorn beyond its public ``Config``/``Server``, in one place.
+"""uvicorn's httptools protocol for one client connection, seen through hooks and services.
 
 uvicorn's httptools protocol and its per-request ``RequestResponseCycle`` are not public API: their
 attributes (``cycle.response_started``, ``flow.write_paused``, ``server_state.connections``...)
-may change in any release. This module (and ``app.server.lane``, one request's response written
-past ``send``) is the only one that touches them; the versions it was
-checked against are pinned in ``pyproject.toml`` and ``tests/server/test_uvicorn_contract.py``
-names any attribute a new release lacks.
+may change in any release. This package (this module, ``server`` and ``lane``: one request's
+response written past ``send``) is the only one that touches them; the versions it was checked
+against are pinned in ``pyproject.toml`` and ``tests/server/test_uvicorn_contract.py`` names any
+attribute a new release lacks.
 
 ``HttpConnection`` is uvicorn's protocol seen through a few hooks, named for what happens on the
 connection (``opened``, ``read_done``, ``head_began``, ``head_measured``, ``head_completed``,
@@ -23,30 +23,21 @@ in pieces only when it holds more than one head end (``\r\n\r\n``), each piece e
 request that arrives whole is parsed in one piece as before), and kept back only between two
 requests, never inside one's body.
 
-``head_size`` is the raw size of the request's head (request line, header lines, blank line),
-counted as bytes arrive: the same whether the head comes in one read or many. (A head that begins
-in the read that ended the request before it, when pipelined, is counted from its parsed parts in
-that read: where exactly it began there is not known.)
-
-``ResponseLane`` (``app.server.lane``) is one request's chunked body writes, or its whole
-response, straight to the transport (``app.proxy.direct.DirectBody``). ``Server`` is
-``uvicorn.Server`` with its signal handling open to a subclass (``intercept``) or left to another
-server in the same loop (``owns_signals = False``).
+``head_size`` is the raw size of the request's head as bytes arrive (``app.server.uvicorn.head``).
+``ResponseLane`` (``app.server.uvicorn.lane``) is one request's chunked body writes, or its whole
+response, straight to the transport (``app.proxy.direct.DirectBody``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import Iterator
-from types import FrameType
 from typing import Any
 
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.server.lane import ResponseLane
+from app.server.uvicorn.head import HeadMeter
+from app.server.uvicorn.lane import ResponseLane
 
 # After a refusal the connection is half-closed and what the client still sends is read and
 # dropped for a moment, so the kernel does not answer it with a reset that destroys the refusal
@@ -79,12 +70,7 @@ class HttpConnection(HttpToolsProtocol):
         self._feeding = False  # a deferred parse of ``_unread`` is scheduled
         self._held: bytes | None = None  # a refusal waiting for an earlier response to end
         self.head_size = 0  # raw bytes of the current request's head so far
-        self._head_tail = b""  # its last bytes: a blank line may straddle two reads
-        self._parsed = 0  # its size as parsed: target + header lines (name: value CRLF)
-        self._read = b""  # the read being parsed
-        self._began_here = False  # the current head began in the read being parsed ...
-        self._mid_read = False  # ... after the request before it ended in that read
-        self._ended_here = False  # a request ended in the read being parsed
+        self._head = HeadMeter()
         # When the connection's last response ended with nothing after it (None: a request is
         # being read or answered): the keep-alive timeout counts from here (``_keep_alive_due``).
         self._idle_at: float | None = None
@@ -289,37 +275,14 @@ class HttpConnection(HttpToolsProtocol):
             self.flow.resume_reading()
 
     def _parse(self, data: bytes) -> None:
-        self._read = data
-        self._began_here = self._ended_here = False
+        head = self._head
+        head.reading(data)
         super().data_received(data)
-        self._read = b""
+        head.read()
         if self._lingering is None and self._held is None and not self.transport.is_closing():
             if self._in_head:
-                self._count_head(data)
+                self.head_size = head.incomplete(data)
             self.read_done(len(data))
-
-    def _count_head(self, data: bytes) -> None:
-        """A read ended with the head incomplete: count its head bytes."""
-        if not self._began_here:
-            self.head_size += len(data)
-        elif self._mid_read:
-            self.head_size = self._parsed
-        else:
-            self.head_size = len(data.lstrip(b"\r\n"))  # blank lines before a request are skipped
-        self._head_tail = (self._head_tail + data[-3:])[-3:]
-
-    def _final_head_size(self) -> int:
-        """The head's size once its blank line was parsed in the current read."""
-        data = self._read
-        if not self._began_here:
-            tail = self._head_tail
-            straddled = (tail + data[:3]).find(b"\r\n\r\n")
-            end = straddled - len(tail) if straddled >= 0 else data.find(b"\r\n\r\n")
-            return self.head_size + end + 4
-        if self._mid_read:  # method, spaces, version, CRLFs: as few as a valid head can have
-            return self._parsed + len(self.parser.get_method()) + 14
-        start = len(data) - len(data.lstrip(b"\r\n"))
-        return data.find(b"\r\n\r\n", start) + 4 - start
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._lingering is not None:
@@ -339,22 +302,21 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head = self._in_message = self._began_here = True
-        self._mid_read = self._ended_here
-        self.head_size = self._parsed = 0
-        self._head_tail = b""
+        self._in_head = self._in_message = True
+        self._head.began()
+        self.head_size = 0
         self.head_began()
 
     def on_url(self, url: bytes) -> None:
-        self._parsed += len(url)
+        self._head.target(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._parsed += len(name) + len(value) + 4
+        self._head.header(name, value)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self.head_size = self._final_head_size()
+        self.head_size = self._head.complete(self.parser.get_method)
         self.head_measured()
         super().on_headers_complete()
         self._in_head = False
@@ -368,7 +330,7 @@ class HttpConnection(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
-        self._ended_here = True
+        self._head.ended()
         self.message_completed()
         super().on_message_complete()
 
@@ -430,25 +392,3 @@ class HttpConnection(HttpToolsProtocol):
         else:
             raw, self._held = self._held, None
             self.respond_and_close(raw)
-
-
-class Server(uvicorn.Server):
-    """``uvicorn.Server``; ``started`` and ``should_exit`` are its own (public) flags."""
-
-    owns_signals = True  # False: another server in this loop handles SIGINT/SIGTERM
-
-    def intercept(self, sig: int) -> bool:
-        """A shutdown signal arrived: True if handled here, else uvicorn stops as usual."""
-        return False
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.intercept(sig):
-            super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if self.owns_signals:
-            with super().capture_signals():
-                yield
-        else:
-            yield
