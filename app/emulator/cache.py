@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.emulator.requests import CHARS_PER_TOKEN
+from app.emulator.genrequest import CHARS_PER_TOKEN
 
 DEFAULT_PAGE_SIZE = 64
 # Kimi-K2.5's vocabulary: the emulator's token ids fall in it.

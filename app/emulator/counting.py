@@ -21,8 +21,9 @@ import orjson
 
 from app.emulator.asgi import Receive, Scope, Send, read_body, respond_json
 from app.emulator.generation import Generation
+from app.emulator.genrequest import CHARS_PER_TOKEN, RequestError
 from app.emulator.messages import to_chat
-from app.emulator.requests import CHARS_PER_TOKEN, RequestError, parse_chat
+from app.emulator.requests import parse_chat
 from app.emulator.session import pick_profile, request_rng
 from app.emulator.worker import CONTEXT_LEN, Worker
 

@@ -57,10 +57,10 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from app.emulator.genrequest import GenRequest, Tool
 from app.emulator.grammar import Budget, GrammarError, ebnf_text, regex_text
 from app.emulator.logprobs import LogprobSource, TokenLogprob
 from app.emulator.profiles import BLOCK_SIZE, AcceptanceModel
-from app.emulator.requests import GenRequest, Tool
 from app.emulator.schema import SchemaValues, prompt_words
 from app.emulator.text import flavour_words, prose, reasoning_words, split_pieces
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.emulator.requests import RequestError
+from app.emulator.genrequest import RequestError
 
 ROLES = ("user", "assistant", "system")
 

@@ -31,17 +31,12 @@ from app.emulator.asgi import (
 from app.emulator.disagg import TransferFailed
 from app.emulator.engine import QueueFull
 from app.emulator.generation import check_expansion
+from app.emulator.genrequest import GenRequest, RequestError
 from app.emulator.grammar import Budget, GrammarError
 from app.emulator.logprobs import TokenLogprob
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.replay import ReplayBook, handle_replay
-from app.emulator.requests import (
-    GenRequest,
-    RequestError,
-    expand,
-    parse_chat,
-    parse_completion,
-)
+from app.emulator.requests import expand, parse_chat, parse_completion
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
 from app.emulator.worker import CONTEXT_LEN, Worker

@@ -21,8 +21,8 @@ from app.emulator import render
 from app.emulator.asgi import SSE_HEADERS, Receive, Send, respond, watch_disconnect
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation
+from app.emulator.genrequest import UNNAMED_MODEL, GenRequest
 from app.emulator.profiles import AcceptanceModel, effective_tau
-from app.emulator.requests import UNNAMED_MODEL, GenRequest
 from app.emulator.worker import Worker
 
 _PLACEHOLDER = "@@REPLAY-RID@@"

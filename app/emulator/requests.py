@@ -1,10 +1,11 @@
 """The request fields the emulated worker reads, validated the way SGLang answers (400 bodies).
 
-Bodies are read as plain JSON (no pydantic on the hot path). Rules that differ from a real worker
-are documented here: an unset ``temperature`` counts as greedy (0) for the acceptance model;
-at most ``MAX_CHOICES`` generations (``n`` times the prompts of a batch) per request;
-``structural_tag`` constraints are refused (SGLang serves them, also under DFLASH). Prompt tokens
-are estimated as one token per 4 characters of the rendered prompt.
+Bodies are read as plain JSON (no pydantic on the hot path) into ``GenRequest``s
+(``app.emulator.genrequest``); the fields both endpoints share are ``app.emulator.fields``. Rules
+that differ from a real worker are documented here and there: an unset ``temperature`` counts as
+greedy (0) for the acceptance model; at most ``MAX_CHOICES`` generations (``n`` times the prompts
+of a batch) per request; ``structural_tag`` constraints are refused (SGLang serves them, also
+under DFLASH). Prompt tokens are estimated as one token per 4 characters of the rendered prompt.
 
 What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
 
@@ -29,91 +30,11 @@ What SGLang 0.5.23 does and the emulator follows (``sglang/srt/...``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
-import orjson
-
-CHARS_PER_TOKEN = 4
-# Generations one request may ask for (``n`` times the prompts of a batch): a real worker queues
-# any number; the emulator keeps each in memory for the whole request.
-MAX_CHOICES = 256
-# SGLang echoes the request's ``model``; a request without one is answered as "default".
-UNNAMED_MODEL = "default"
-
-
-class RequestError(Exception):
-    """Rendered as SGLang's ``ErrorResponse`` with this HTTP status."""
-
-    def __init__(self, message: str, *, status: int = 400, err_type: str = "BadRequestError"):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.err_type = err_type
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    parameters: dict[str, Any]
-
-
-@dataclass
-class GenRequest:
-    kind: Literal["chat", "completion"]
-    model: str
-    prompt: str
-    last_user: str
-    rid: str | None = None
-    stream: bool = False
-    include_usage: bool = False
-    continuous_usage: bool = False
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    temperature: float = 0.0
-    seed: int | None = None
-    thinking: bool = False
-    tools: tuple[Tool, ...] = ()
-    tool_choice: Any = None
-    history_tool_calls: int = 0
-    after_tool_result: bool = False  # the conversation ends with a tool's result
-    return_meta_info: bool = False
-    ignore_eos: bool = False
-    n: int = 1
-    index: int = 0  # the choice this generation answers (``prompt * n + sample``)
-    prompts: tuple[str, ...] = ()  # a text-completion batch (``prompt`` is the first)
-    rids: tuple[str, ...] | None = None  # a batch's own ``rid`` list
-    logprobs: bool = False
-    top_logprobs: int = 0
-    json_schema: dict[str, Any] | None = None  # the answer is JSON valid against it
-    regex: str | None = None  # the answer matches it
-    ebnf: str | None = None  # the answer is a sentence of this grammar
-    priority: int | None = None  # SGLang's scheduling priority (used with priority scheduling)
-    # Prefill/decode disaggregation (``app.emulator.disagg``): where the prefill server's
-    # bootstrap server is, and the room (one per generation: ``room + index``, as SGLang's
-    # ``_normalize_bootstrap_params`` numbers a batch's rooms).
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
-    # ``continue_final_message``: the final assistant message's text, split at ``</think>`` into
-    # the reasoning and the answer it already holds (the generation resumes after them).
-    prefix_reasoning: str = ""
-    prefix_content: str = ""
-    prefix_closed: bool = False  # the prefix holds the ``</think>``
-
-    @property
-    def constrained(self) -> bool:
-        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
-
-    @property
-    def prompt_tokens(self) -> int:
-        """The rendered conversation's tokens; a continued prefix's are added by its
-        ``Generation`` (``prefix_tokens``)."""
-        return max(1, -(-len(self.prompt) // CHARS_PER_TOKEN))
-
-    @property
-    def continued(self) -> bool:
-        return bool(self.prefix_reasoning or self.prefix_content)
+from app.emulator.fields import common, is_int, logprob_count
+from app.emulator.genrequest import MAX_CHOICES, GenRequest, RequestError, Tool
 
 
 def _text_of(content: Any) -> str:
@@ -123,130 +44,6 @@ def _text_of(content: Any) -> str:
         parts = [p.get("text", "") for p in content if isinstance(p, dict)]
         return "".join(str(p) for p in parts)
     return ""
-
-
-def _common(body: dict[str, Any]) -> dict[str, Any]:
-    n = body.get("n", 1)
-    if n is None:
-        n = 1
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise RequestError("n must be a positive integer.")
-    if n > MAX_CHOICES:
-        raise RequestError(f"n must be at most {MAX_CHOICES} on this emulated worker.")
-    max_tokens = body.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
-        raise RequestError("max_tokens must be a non-negative integer.")
-    stop = body.get("stop")
-    stops: tuple[str, ...] = ()
-    if isinstance(stop, str):
-        stops = (stop,) if stop else ()
-    elif isinstance(stop, list):
-        stops = tuple(s for s in stop if isinstance(s, str) and s)
-    temperature = body.get("temperature")
-    if temperature is not None and not isinstance(temperature, int | float):
-        raise RequestError("temperature must be a number.")
-    seed = body.get("seed")
-    rid = body.get("rid")
-    rids: tuple[str, ...] | None = None
-    if isinstance(rid, list) and all(isinstance(r, str) for r in rid):
-        rids, rid = tuple(rid), None
-    elif rid is not None and not isinstance(rid, str):
-        raise RequestError("The rid should be a string or a list of strings.")
-    priority = body.get("priority")
-    if priority is not None and (
-        not isinstance(priority, int) or isinstance(priority, bool) or not _int64(priority)
-    ):
-        raise RequestError(
-            "priority must be a signed 64-bit integer "
-            "between -9223372036854775808 and 9223372036854775807"
-        )
-    options = body.get("stream_options")
-    if options is None:
-        options = {}
-    elif not isinstance(options, dict):
-        raise RequestError("stream_options must be an object.")
-    stream = bool(body.get("stream", False))
-    return {
-        **_bootstrap(body),
-        "priority": priority,
-        "model": str(body.get("model") or UNNAMED_MODEL),
-        "rid": rid,
-        "stream": stream,
-        "include_usage": bool(stream and options.get("include_usage")),
-        "continuous_usage": bool(stream and options.get("continuous_usage_stats")),
-        "max_tokens": max_tokens,
-        "stop": stops,
-        "temperature": float(temperature or 0.0),
-        "seed": seed if isinstance(seed, int) else None,
-        "ignore_eos": bool(body.get("ignore_eos", False)),
-        "n": n,
-        "rids": rids,
-        "json_schema": _json_schema(body),
-        "regex": _grammar(body, "regex"),
-        "ebnf": _grammar(body, "ebnf"),
-    }
-
-
-def _bootstrap(body: dict[str, Any]) -> dict[str, Any]:
-    """``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` (SGLang's ``PDRoutingFields``),
-    single values; a list (SGLang's batch form) is refused."""
-    host, port, room = (body.get(k) for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room"))
-    if host is not None and not isinstance(host, str):
-        raise RequestError("bootstrap_host must be a string.")
-    if port is not None and (not _is_int(port) or not 0 < port < 65536):
-        raise RequestError("bootstrap_port must be a port number.")
-    if room is not None and (not _is_int(room) or not 0 <= room < (1 << 63)):
-        raise RequestError("bootstrap_room must be a non-negative 64-bit integer.")
-    return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
-
-
-def _int64(value: int) -> bool:
-    return -(1 << 63) <= value < (1 << 63)
-
-
-def _grammar(body: dict[str, Any], name: str) -> Any:
-    """A ``regex``/``ebnf`` field: a non-empty string (what it generates is checked once the
-    request is read: ``app.emulator.openai.check_grammars``)."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise RequestError(f"{name} must be a non-empty string.")
-    return value
-
-
-def _json_schema(body: dict[str, Any]) -> dict[str, Any] | None:
-    """The JSON schema the answer must follow (``response_format`` json_schema/json_object, or
-    the ``json_schema`` field as a string); None when unconstrained. ``structural_tag``: 400."""
-    fmt = body.get("response_format")
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "json_schema":
-        assert isinstance(fmt, dict)
-        spec = fmt.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else fmt.get("schema")
-        if not isinstance(schema, dict):
-            raise RequestError("schema_ is required for json_schema response format request.")
-        return schema
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind is not None and kind != "text":
-        raise RequestError(_GRAMMAR_MESSAGE)
-    raw = body.get("json_schema")
-    if isinstance(raw, str) and raw:
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise RequestError("json_schema must be a JSON schema (a JSON string).") from None
-        return parsed if isinstance(parsed, dict) else {}
-    return None
-
-
-_GRAMMAR_MESSAGE = (
-    "This emulated worker does not generate structural_tag output (json_schema, json_object, "
-    "regex and ebnf are served)."
-)
 
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
@@ -319,8 +116,8 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
         prefix_closed=prefix[2],
         return_meta_info=bool(body.get("return_meta_info", False)),
         logprobs=body.get("logprobs") is True,
-        top_logprobs=_count(body.get("top_logprobs")),
-        **_common(body),
+        top_logprobs=logprob_count(body.get("top_logprobs")),
+        **common(body),
     )
 
 
@@ -339,7 +136,7 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
     raw = body.get("prompt")
     if not raw or (isinstance(raw, list) and all(not p for p in raw)):
         raise RequestError("Prompt cannot be empty")
-    if isinstance(raw, str) or (isinstance(raw, list) and all(_is_int(t) for t in raw)):
+    if isinstance(raw, str) or (isinstance(raw, list) and all(is_int(t) for t in raw)):
         batch = [raw]  # a flat token-id array is ONE prompt
     elif isinstance(raw, list) and all(_is_prompt(p) for p in raw):
         batch = list(raw)
@@ -352,27 +149,16 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
         prompt=texts[0],
         last_user=texts[0],
         prompts=texts if len(texts) > 1 else (),
-        logprobs=_is_int(logprobs),
-        top_logprobs=_count(logprobs),
-        **_common(body),
+        logprobs=is_int(logprobs),
+        top_logprobs=logprob_count(logprobs),
+        **common(body),
     )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_prompt(value: Any) -> bool:
     if isinstance(value, str):
         return bool(value)
-    return isinstance(value, list) and bool(value) and all(_is_int(t) for t in value)
-
-
-_MAX_TOP_LOGPROBS = 64  # beyond this the emulator lists only 64 alternatives
-
-
-def _count(value: Any) -> int:
-    return max(0, min(value, _MAX_TOP_LOGPROBS)) if _is_int(value) else 0
+    return isinstance(value, list) and bool(value) and all(is_int(t) for t in value)
 
 
 def expand(req: GenRequest) -> list[GenRequest]:

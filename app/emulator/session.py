@@ -19,9 +19,9 @@ from app.emulator.decode_role import DecodeSide
 from app.emulator.disagg import RoomUse
 from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation, Step
+from app.emulator.genrequest import GenRequest
 from app.emulator.prefill_role import PrefillSide
 from app.emulator.profiles import PROFILE_NAMES, classify
-from app.emulator.requests import GenRequest
 from app.emulator.worker import Worker
 
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from app.emulator.generation import Generation
+from app.emulator.genrequest import GenRequest
 from app.emulator.profiles import (
     PROFILE_NAMES,
     PROFILE_TAU,
@@ -15,7 +16,6 @@ from app.emulator.profiles import (
     classify,
     effective_tau,
 )
-from app.emulator.requests import GenRequest
 
 REQUESTS = 120
 

@@ -8,7 +8,8 @@ import pytest
 from app.__main__ import build_parser
 from app.emulator.cli import config_from_args
 from app.emulator.disagg import DisaggConfig
-from app.emulator.requests import RequestError, expand, parse_chat, parse_completion
+from app.emulator.genrequest import RequestError
+from app.emulator.requests import expand, parse_chat, parse_completion
 from app.emulator.worker import EmulatorConfig
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from app.emulator.engine import ActiveRequest, QueueFull, Scheduler, Timing
 from app.emulator.faults import FaultError, Faults, Gate
+from app.emulator.genrequest import GenRequest
 from app.emulator.profiles import PROFILE_TAU, SEED_OUTPUT_TPS, step_time_factors
-from app.emulator.requests import GenRequest
 from app.emulator.session import pick_profile
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from app.emulator.genrequest import RequestError
 from app.emulator.messages import to_chat
-from app.emulator.requests import RequestError, parse_chat
+from app.emulator.requests import parse_chat
 
 MODEL = "moonshotai/Kimi-K2.5"
 

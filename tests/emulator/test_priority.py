@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from app.emulator.engine import EVICTED, PRIORITY_DISABLED, ActiveRequest, QueueFull, Scheduler
-from app.emulator.requests import RequestError, parse_chat
+from app.emulator.genrequest import RequestError
+from app.emulator.requests import parse_chat
 from tests.support.procs import PYTHON, ProcessManager
 
 
