@@ -41,14 +41,8 @@ import orjson
 from app.anthropic.response import message_id, stop_reason, usage_of
 from app.anthropic.shape import ANTHROPIC
 from app.errors import UpstreamBadResponse
-from app.upstream.sse import (
-    ACCEPT_LENGTH_FIELD,
-    StreamState,
-    answers,
-    foreign,
-    leading_error,
-    parse_usage,
-)
+from app.upstream.sse import StreamState, answers, foreign, leading_error
+from app.upstream.usage import ACCEPT_LENGTH_FIELD, parse_usage
 
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
 

@@ -39,7 +39,8 @@ from app.responses.response import (
     reasoning_item,
     usage_of,
 )
-from app.upstream.sse import ACCEPT_LENGTH_FIELD, StreamState
+from app.upstream.sse import StreamState
+from app.upstream.usage import ACCEPT_LENGTH_FIELD
 
 SEQ = b',"sequence_number":'
 END = b"}\n\n"

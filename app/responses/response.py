@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import UpstreamBadResponse
-from app.upstream.sse import reported_count
+from app.upstream.usage import reported_count
 
 
 @dataclass(slots=True)

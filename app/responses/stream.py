@@ -41,7 +41,8 @@ from app.errors import GatewayError, UpstreamError
 from app.responses.chunk import Delta, bad
 from app.responses.events import END, SEQ, EventWriter
 from app.responses.response import Context
-from app.upstream.sse import answers, foreign, leading_error, parse_usage
+from app.upstream.sse import answers, foreign, leading_error
+from app.upstream.usage import parse_usage
 
 _OVERHEAD = 2  # the role chunk and the finish chunk carry no verify step
 # The common worker chunk (``_quick``): one content or reasoning delta, as SGLang lays it out.

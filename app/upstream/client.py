@@ -32,7 +32,7 @@ from app.upstream.errors import (
     TransportError,
 )
 from app.upstream.http1 import Http1Client, Http1Response
-from app.upstream.sse import reported_count
+from app.upstream.usage import reported_count
 
 
 class Worker(Protocol):

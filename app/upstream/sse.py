@@ -42,7 +42,6 @@ decode of that one event's ``id``, once per stream; later events are not checked
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -50,81 +49,20 @@ import orjson
 
 from app.errors import UpstreamForeignAnswer, UpstreamStatusError
 
+# The worker's reported counts (``app.upstream.usage``): those the stream reads, and those
+# ``app.proxy`` takes from here with them (whole answers' usage and ``meta_info``).
+from app.upstream.usage import ACCEPT_LENGTH_FIELD
+from app.upstream.usage import Usage as Usage
+from app.upstream.usage import parse_usage as parse_usage
+from app.upstream.usage import reported_count as reported_count
+from app.upstream.usage import take_meta_info as take_meta_info
+
 _DONE = b"data: [DONE]"
 _EVENT = b"\ndata:"
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 _USAGE_OBJECT = (b'"usage":{', b'"usage": {')
 _MAX_CARRY = 1 << 20
 _ERROR_EVENT = re.compile(rb'(?:^|\n)data:[ \t]*\{"error"')
-# The gateway's own field on the client's final usage chunk (``expose_accept_length``).
-ACCEPT_LENGTH_FIELD = "spec_accept_length"
-
-
-@dataclass(slots=True)
-class Usage:
-    """Token counts of one request as the worker reported them, and its verify steps: exact
-    (``meta_info.spec_verify_ct``), estimated from the stream's chunks, or unknown (None)."""
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    verify_steps: int | None = None
-    exact: bool = False
-
-    @property
-    def accept_length(self) -> float | None:
-        """Completion tokens per verify step (SGLang's ``spec_accept_length``)."""
-        if not self.verify_steps or self.completion_tokens is None:
-            return None
-        return self.completion_tokens / self.verify_steps
-
-
-# No request's tokens or verify steps come near this; a larger count is a broken or hostile
-# worker's, and would overflow the float of a metric or charge a tenant's quota for nothing.
-MAX_COUNT = 1 << 31
-
-
-def reported_count(v: object) -> int | None:
-    """A count the worker reported (tokens, verify steps): an integer from 0 to ``MAX_COUNT``,
-    else None (a negative one would run a counter backwards, which Prometheus refuses)."""
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT:
-        return v
-    return None
-
-
-def parse_usage(obj: object) -> Usage | None:
-    if not isinstance(obj, dict):
-        return None
-    usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("completion_tokens_details")
-    reasoning = usage.get("reasoning_tokens")
-    if reasoning is None and isinstance(details, dict):
-        reasoning = details.get("reasoning_tokens")
-    return Usage(
-        reported_count(usage.get("prompt_tokens")),
-        reported_count(usage.get("completion_tokens")),
-        reported_count(reasoning),
-    )
-
-
-def take_meta_info(obj: object, *, strip: bool) -> int | None:
-    """The request's verify steps from each choice's ``meta_info.spec_verify_ct`` (SGLang's
-    ``return_meta_info``); ``meta_info`` is removed from the choices when ``strip``. None when no
-    choice reports it (not a speculative-decoding worker, or an older one)."""
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not isinstance(choices, list):
-        return None
-    steps: int | None = None
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        meta = choice.pop("meta_info", None) if strip else choice.get("meta_info")
-        count = reported_count(meta.get("spec_verify_ct")) if isinstance(meta, dict) else None
-        if count is not None and count > 0:
-            steps = (steps or 0) + count
-    return steps
 
 
 class _Head(msgspec.Struct):

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from app.proxy.answer import NotJSON, read_answer
-from app.upstream.sse import parse_usage, take_meta_info
+from app.upstream.usage import parse_usage, take_meta_info
 
 META = b'{"id":"r1","finish_reason":{"type":"stop","matched":2},"spec_verify_ct":4,"e":[1,[2]]}'
 USAGE = b'"usage":{"prompt_tokens":14,"completion_tokens":12,"total_tokens":26}'
