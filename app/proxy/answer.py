@@ -23,7 +23,8 @@ from typing import Any
 
 import msgspec
 
-from app.upstream.sse import Usage, answers, foreign, reported_count
+from app.upstream.sse import answers, foreign
+from app.upstream.usage import Usage, reported_count
 
 _KEY = b'"meta_info"'
 _SPACE = b" \t\r\n"

@@ -41,7 +41,7 @@ from app.errors import (
 from app.outcomes import Outcome
 from app.proxy.scope import Ended, Scope
 from app.upstream.client import UpstreamResponse
-from app.upstream.sse import Usage
+from app.upstream.usage import Usage
 from app.workers.worker import Verdict, Worker
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ go out the same way, head and body in one write (``respond``), and so may a stre
 its first chunk (``start_stream``).
 
 The gateway's server protocol (``app.server.guard``) offers this per request as the ASGI scope
-extension ``EXTENSION`` (implemented by ``app.server.lane.ResponseLane``); under any
+extension ``EXTENSION`` (implemented by ``app.server.uvicorn.lane.ResponseLane``); under any
 other server (or an in-process test client) it is absent and the relay uses ``send``. It also
 tells the request when its client's connection is lost (``watch``), so the proxy's supervisor
 needs no task waiting on ``receive()`` for that, whether the client is behind (``behind``, whatever

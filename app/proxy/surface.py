@@ -20,12 +20,13 @@ import orjson
 
 from app.errors import SSE_DONE, GatewayError
 from app.proxy.answer import NotJSON, read_answer
-from app.upstream.sse import SSEObserver, answers, foreign, parse_usage, take_meta_info
+from app.upstream.sse import SSEObserver, answers, foreign
+from app.upstream.usage import parse_usage, take_meta_info
 
 if TYPE_CHECKING:
     from app.errors import UpstreamStatusError
     from app.proxy.request import ParsedRequest
-    from app.upstream.sse import Usage
+    from app.upstream.usage import Usage
 
 # A worker's non-streamed answer as the client gets it: its usage, its verify steps (exact,
 # from ``meta_info``; None when not reported) and the client's body.

@@ -48,14 +48,7 @@ import msgspec
 import orjson
 
 from app.errors import UpstreamForeignAnswer, UpstreamStatusError
-
-# The worker's reported counts (``app.upstream.usage``): those the stream reads, and those
-# ``app.proxy`` takes from here with them (whole answers' usage and ``meta_info``).
-from app.upstream.usage import ACCEPT_LENGTH_FIELD
-from app.upstream.usage import Usage as Usage
-from app.upstream.usage import parse_usage as parse_usage
-from app.upstream.usage import reported_count as reported_count
-from app.upstream.usage import take_meta_info as take_meta_info
+from app.upstream.usage import ACCEPT_LENGTH_FIELD, Usage, parse_usage
 
 _DONE = b"data: [DONE]"
 _EVENT = b"\ndata:"

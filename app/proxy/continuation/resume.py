@@ -11,7 +11,8 @@ import orjson
 from app.errors import UpstreamBadResponse
 from app.proxy.continuation.kept import ContinuedUsage, KeptReads
 from app.proxy.continuation.partial import _events, _payload, _whole
-from app.upstream.sse import answers, foreign, leading_error, parse_usage
+from app.upstream.sse import answers, foreign, leading_error
+from app.upstream.usage import parse_usage
 
 
 class Resume:
