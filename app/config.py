@@ -28,7 +28,7 @@ from pydantic_settings import (
 
 from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
-from app.media_policy import image_policy
+from app.media_policy import CLUSTER_SUFFIXES, cluster_suffixes, image_policy
 from app.model_names import check_alias
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
@@ -207,6 +207,12 @@ class LimitsConfig(_Section):
     # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
     # Other unknown fields are dropped. Comma-separated in the environment.
     extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    # The keys chat_template_kwargs may hold: SGLang passes them to the tokenizer's
+    # apply_chat_template, where chat_template would replace the served template with the
+    # client's. The default is what Kimi-K2.5's template reads (thinking, its only switch) and
+    # the spelling SGLang writes beside it (enable_thinking). Another key is a 400 naming it.
+    # Comma-separated in the environment.
+    chat_template_kwargs: Annotated[tuple[str, ...], NoDecode] = ("thinking", "enable_thinking")
     # Client headers forwarded to workers besides traceparent, tracestate, baggage and
     # X-Emulator-Profile (app/proxy/headers.py); every other client header stays at the gateway.
     # Credentials, framing and hop-by-hop headers cannot be named. Comma-separated in the env.
@@ -216,6 +222,11 @@ class LimitsConfig(_Section):
     # hosts ("images.corp", "*.corp.example"), addresses or networks ("10.1.0.0/16"), or "*"
     # for any URL. A URL outside them is a 400. Comma-separated in the environment.
     image_url_allow: Annotated[tuple[str, ...], NoDecode] = ()
+    # Host name suffixes that are the cluster's own (its domain, svc and pod zones, namespaces):
+    # a media URL naming a host under one is a 400, as a worker's resolver would find a
+    # Service there (kubernetes.default, redis.prod) before any public name. Replaces the
+    # default: keep it and add the cluster's namespaces. Comma-separated in the environment.
+    image_url_cluster_suffixes: Annotated[tuple[str, ...], NoDecode] = CLUSTER_SUFFIXES
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     # Requests a key may send at once above its sustained rate (the size of its token bucket).
@@ -225,7 +236,14 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
-    @field_validator("extra_fields", "forward_headers", "image_url_allow", mode="before")
+    @field_validator(
+        "extra_fields",
+        "forward_headers",
+        "image_url_allow",
+        "image_url_cluster_suffixes",
+        "chat_template_kwargs",
+        mode="before",
+    )
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -234,6 +252,12 @@ class LimitsConfig(_Section):
     @classmethod
     def _check_image_urls(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
         image_policy(entries)  # a ValueError names a bad entry
+        return entries
+
+    @field_validator("image_url_cluster_suffixes")
+    @classmethod
+    def _check_cluster_suffixes(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        cluster_suffixes(entries)  # a ValueError names a bad entry
         return entries
 
     @field_validator("forward_headers")
@@ -266,9 +290,16 @@ class ResponsesConfig(_Section):
     # Seconds a stored response stays readable after it completed.
     ttl_s: float = Field(3600.0, gt=0)
     # The in-process store's bounds (least recently used out first); a larger record is not kept.
+    # When the whole store is full, the key holding the most gives way.
     max_items: int = Field(10_000, ge=1)
-    # The in-process store's total size bound, in bytes of stored JSON.
+    # The in-process store's total size bound, in bytes of stored JSON (as max_items).
     max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
+    # Each API key's share of the store (memory and redis), in bytes of stored JSON: a key's
+    # write past it evicts that key's own oldest responses, never another key's; a larger record
+    # is not kept. Without API keys the whole gateway is one key.
+    key_max_bytes: int = Field(32 * 1024 * 1024, ge=64 * 1024)
+    # Each API key's share of the store in responses (memory and redis), as key_max_bytes.
+    key_max_items: int = Field(1000, ge=1)
 
 
 class AuthConfig(_Section):
@@ -309,6 +340,24 @@ class WorkersConfig(_Section):
     # only in /server_info, served with VLLM_SERVER_DEV_MODE=1). admission.per_worker_cap
     # overrides it as it does SGLang's reported limit.
     vllm_max_num_seqs: int = Field(256, ge=1)
+
+
+class KvEventsConfig(_Section):
+    """Subscribe to the workers' KV events (SGLang's and vLLM's --kv-events-config): what each
+    worker's prefix cache stored, evicted and cleared (docs/routing.md, "KV events")."""
+
+    # Subscribe to every worker's publisher (one ZMQ SUB socket per worker).
+    enabled: bool = False
+    # The port every worker publishes on (its --kv-events-config endpoint tcp://*:PORT); the
+    # gateway dials the worker URL's host there.
+    port: int = Field(5557, ge=1, le=65535)
+    # Instead of port: the worker's HTTP port plus this (several workers on one host, e.g.
+    # emulators on 30001, 30002 publishing on 31001, 31002: 1000).
+    port_offset: int | None = Field(None, ge=-65534, le=65534)
+    # The workers' topic (the --kv-events-config "topic"): a ZMQ subscription prefix, "" = all.
+    topic: str = ""
+    # Seconds between two checks of the worker set (new workers subscribed, gone ones dropped).
+    resync_s: float = Field(5.0, gt=0)
 
 
 class DiscoveryConfig(_Section):
@@ -420,6 +469,10 @@ class PDConfig(_Section):
     # How the decode worker is picked (decode capacity bounds concurrency): spare_capacity or
     # least_inflight.
     decode_policy: DecodePolicyName = "spare_capacity"
+    # Seconds a prefill worker has to finish its side of a request once the decode worker
+    # answered in full; then its side is aborted and counted as the prefill worker's timeout
+    # (towards opening its breaker: one that never finishes is taken out of rotation).
+    prefill_drain_s: float = Field(5.0, gt=0)
 
     @field_validator("prefill", "decode", mode="before")
     @classmethod
@@ -558,6 +611,7 @@ class Settings(BaseSettings):
     expose_accept_length: bool = False
 
     health: HealthConfig = HealthConfig()
+    kv_events: KvEventsConfig = KvEventsConfig()
     breaker: BreakerConfig = BreakerConfig()
     retry: RetryConfig = RetryConfig()
     admission: AdmissionConfig = AdmissionConfig()

@@ -47,6 +47,8 @@ from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
+from app.workers.kv_counters import KvEventCounters
+from app.workers.kv_subscriber import KvEventSubscriber
 from app.workers.pool import EndpointLike, WorkerPool
 
 if TYPE_CHECKING:
@@ -132,6 +134,15 @@ def create_app(
         responses=make_store(settings.responses, settings.limits.redis_url),
     )
 
+    # The workers' KV events (kv_events.enabled): counted per worker for operators.
+    kv_subscriber: KvEventSubscriber | None = None
+    if settings.kv_events.enabled:
+
+        def name_of(url: str) -> str | None:
+            return next((w.name for w in pool.workers if w.url == url), None)
+
+        kv_subscriber = KvEventSubscriber(settings.kv_events, KvEventCounters(metrics, name_of))
+
     def publish_keys() -> None:
         for name in keys.names():
             metrics.add_key(name)
@@ -166,6 +177,11 @@ def create_app(
                         saturation=lambda: admission.saturation(pool.workers),
                     ),
                 )
+            )
+        if kv_subscriber is not None:
+            subscriber = kv_subscriber
+            tasks.append(
+                start("kv_events", lambda: subscriber.run(lambda: [w.url for w in pool.workers]))
             )
         if settings.auth.keys_file is not None:
             reload_s = settings.auth.reload_s
@@ -209,6 +225,7 @@ def create_app(
     app.openapi = lambda: openapi_document(app, settings, bodies)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.gateway = gateway
+    app.state.kv_subscriber = kv_subscriber
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
     if settings.cors_origins:  # off by default: browsers get no CORS headers at all

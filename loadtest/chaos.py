@@ -246,8 +246,14 @@ async def references(config: ChaosConfig, worker: ManagedProcess) -> dict[tuple[
 
 
 async def one_request(
-    client: httpx.AsyncClient, gw: ManagedProcess, request_id: str, body: dict[str, Any]
+    client: httpx.AsyncClient,
+    gw: ManagedProcess,
+    request_id: str,
+    body: dict[str, Any],
+    begun: asyncio.Event | None = None,
 ) -> Outcome:
+    """One streamed request through the gateway, classified; ``begun`` is set once its first
+    data event arrived (the stream is past its commit point)."""
     out = Outcome(request_id, "failed")
     headers = {"x-request-id": request_id}
     try:
@@ -262,6 +268,8 @@ async def one_request(
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
                     events.append(line[6:].encode())
+                    if begun is not None:
+                        begun.set()
     except httpx.HTTPError as exc:
         out.detail = f"transport: {type(exc).__name__}"
         return out
@@ -378,11 +386,26 @@ def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
                     yield orjson.loads(line)
 
 
+def _access(gateway_log: Path) -> Iterator[dict[str, Any]]:
+    for doc in _json_lines(gateway_log):
+        if doc.get("logger") == "dflash_gateway.access" and "request_id" in doc:
+            yield doc
+
+
 def access_attempts(gateway_log: Path) -> dict[str, int]:
+    """Attempts per request, by the client's X-Request-Id (``client_request_id``)."""
     return {
-        doc["request_id"]: int(doc.get("attempts") or 0)
-        for doc in _json_lines(gateway_log)
-        if doc.get("logger") == "dflash_gateway.access" and "request_id" in doc
+        doc.get("client_request_id") or doc["request_id"]: int(doc.get("attempts") or 0)
+        for doc in _access(gateway_log)
+    }
+
+
+def client_ids(gateway_log: Path) -> dict[str, str]:
+    """The gateway's own id of each request (what its workers were sent) → the client's."""
+    return {
+        doc["request_id"]: doc["client_request_id"]
+        for doc in _access(gateway_log)
+        if doc.get("client_request_id")
     }
 
 
@@ -395,13 +418,15 @@ def access_continued(gateway_log: Path) -> int:
     )
 
 
-def completed_generations(stats_dir: Path) -> Counter[str]:
+def completed_generations(stats_dir: Path, ids: dict[str, str]) -> Counter[str]:
+    """Completed generations per request, by the client's id (``ids``: the gateway's → the
+    client's)."""
     done: Counter[str] = Counter()
     for path in stats_dir.glob("*.jsonl"):
         for rec in _json_lines(path):
             finished = rec.get("finish_reason") and not rec.get("aborted")
             if rec.get("request_id") and finished and not rec.get("error"):
-                done[rec["request_id"]] += 1
+                done[ids.get(rec["request_id"], rec["request_id"])] += 1
     return done
 
 
@@ -464,7 +489,8 @@ async def run_chaos(procs: ProcessManager, config: ChaosConfig, workdir: Path) -
     while not wanted <= attempts.keys() and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
         attempts = access_attempts(gw.log_path)
-    check(report, results, attempts, completed_generations(stats_dir), want)
+    done = completed_generations(stats_dir, client_ids(gw.log_path))
+    check(report, results, attempts, done, want)
     report.continued = access_continued(gw.log_path)
     return report
 

@@ -105,7 +105,7 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     if isinstance(model, str) and model:  # before the body: a 404 says what to set
         check_model(gw, model, hint=MODEL_HINT)
     count = path == COUNT_ROUTE
-    images = image_policy(limits.image_url_allow)
+    images = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
     translated = translate(body, max_messages=limits.max_messages, count_only=count, images=images)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])

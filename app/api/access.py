@@ -22,7 +22,7 @@ from typing import Any
 
 from app.accesslog import AccessRecord
 from app.door.reject import MODELS_ROUTE, NO_MODEL, OPS_ROUTES, REJECTED, client_text
-from app.door.request_id import request_id_of
+from app.door.request_id import client_request_id_of, request_id_of
 from app.gateway import Gateway
 from app.metrics import OTHER
 from app.proxy.downstream import Message, Receive, Send
@@ -80,6 +80,7 @@ class AccessMiddleware:
             route = path if path in self.known else template or OTHER
             end = gw.proxy.now()
             record = AccessRecord(request_id_of(scope), route, NO_MODEL, False, status=status)
+            record.client_request_id = client_request_id_of(scope)
             if template is not None:  # GET or DELETE: the route alone does not say
                 record.method = client_text(scope["method"].encode("latin-1"))
             if route == OTHER:

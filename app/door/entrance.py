@@ -26,13 +26,13 @@ from app.door import checks as door
 from app.door.entry import Entry
 from app.door.limits import KeyLimits
 from app.door.reject import asked_for, refuse
-from app.door.request_id import outer_send, request_id_of
+from app.door.request_id import client_request_id_of, outer_send, request_id_of
 from app.door.visit import Check, Visit
 from app.errors import GatewayError
 from app.gateway import Gateway
 from app.proxy.direct import direct_body
 from app.proxy.downstream import Receive, Send
-from app.proxy.forward import Job
+from app.proxy.job import Job
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 
@@ -102,6 +102,7 @@ class Door:
                 key=visit.key,
                 duration_s=proxy.now() - visit.started,
                 asked=asked_for(visit.parsed, visit.raw),
+                client_request_id=client_request_id_of(scope),
             )
             return
         try:
@@ -132,6 +133,7 @@ class Door:
             route,
             parsed.served_model,
             parsed.stream,
+            client_request_id=client_request_id_of(visit.scope),
             key=visit.key,
             priority=tenant.priority_name,
         )

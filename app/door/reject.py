@@ -93,6 +93,7 @@ def reject(
     duration_s: float | None = None,
     path: str | None = None,
     asked: tuple[str, bool] = (NO_MODEL, False),
+    client_request_id: str | None = None,
 ) -> None:
     """Record a request answered with ``error`` before any worker was asked. The metric names
     no model (it may be any string a client sent); the access line names ``asked`` (the model
@@ -102,6 +103,7 @@ def reject(
     record = AccessRecord(
         request_id, route, asked[0], asked[1], key=key, status=error.status, outcome=REJECTED
     )
+    record.client_request_id = client_request_id
     record.path = path
     record.error = error.message
     if duration_s is not None:
@@ -136,8 +138,18 @@ async def refuse(
     key: str | None,
     duration_s: float,
     asked: tuple[str, bool] = (NO_MODEL, False),
+    client_request_id: str | None = None,
 ) -> None:
     """Record ``error`` (``reject``) and answer it in ``shape``, with ``headers`` (the key's
     rate-limit headers, once they are known)."""
-    reject(gw, route, request_id, error, key=key, duration_s=duration_s, asked=asked)
+    reject(
+        gw,
+        route,
+        request_id,
+        error,
+        key=key,
+        duration_s=duration_s,
+        asked=asked,
+        client_request_id=client_request_id,
+    )
     await send_error(send, error, request_id.encode("ascii"), shape, headers)

@@ -26,7 +26,7 @@ from app.proxy.downstream import Receive
 
 if TYPE_CHECKING:
     from app.door.entry import Entry
-    from app.proxy.forward import Job
+    from app.proxy.job import Job
     from app.proxy.request import ParsedRequest
     from app.tenants.tenant import Tenant
     from app.tracing.otel import RequestTrace

@@ -42,9 +42,11 @@ from app.proxy.fields import (
     Schema,
     StreamOptions,
     capped,
+    check_template_kwargs,
     schema_for,
 )
-from app.proxy.media import MARKER, check_chat_media
+from app.proxy.media import check_chat_media, may_hold_media
+from app.proxy.metadata import check_raw_metadata
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
@@ -151,15 +153,20 @@ def parse_request(
     model = body.model
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
+    if body.metadata:  # absent: an empty span
+        check_raw_metadata(body.metadata)
     if route is Route.CHAT:
         conversation = _check_messages(body.messages)
         if spans is not None:
             conversation = _leading(_MESSAGES.decode(spans.messages))
-        if MARKER in raw:  # a media part somewhere: each one's URL must be allowed
-            policy = image_policy(limits.image_url_allow)
+        if may_hold_media(raw):  # maybe a media part somewhere: each one's URL must be allowed
+            policy = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
             check_chat_media([message.content for message in body.messages], policy)
     else:
         conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)
+    template_kwargs = getattr(body, "chat_template_kwargs", ABSENT)
+    if template_kwargs:
+        check_template_kwargs(template_kwargs, limits.chat_template_kwargs)
     stream = bool(body.stream)
     options = body.stream_options or None
     client_wants_usage = options is not None and options.include_usage is True

@@ -44,7 +44,17 @@ class Stack:
         )
         return response
 
-    def record(self, request_id: str) -> dict[str, Any]:
+    def gateway_id(self, client_id: str) -> str:
+        """The gateway's own id of the request the client sent as ``X-Request-Id: client_id``
+        (what the worker is sent), from its access line."""
+        line = poll(lambda: self.access(client_id))
+        assert line["client_request_id"] == client_id
+        return str(line["request_id"])
+
+    def record(self, client_id: str) -> dict[str, Any]:
+        return self.worker_record(self.gateway_id(client_id))
+
+    def worker_record(self, request_id: str) -> dict[str, Any]:
         records = httpx.get(self.emu.url + "/emulator/stats", timeout=5).json()["requests"]
         [found] = [r for r in records if r["request_id"] == request_id]
         return found  # type: ignore[no-any-return]
@@ -125,7 +135,7 @@ def test_the_worker_gets_each_requests_class_clamped_to_its_keys_ceiling(fresh: 
 def test_without_priority_scheduling_no_priority_field_is_sent(fresh: Stack) -> None:
     response = fresh.chat(ALPHA, "plain-high", url=fresh.plain.url, **{"X-Priority": "high"})
     assert response.status_code == 200, response.text
-    assert fresh.record("plain-high")["priority"] is None
+    assert fresh.worker_record(response.headers["x-request-id"])["priority"] is None
 
 
 def test_a_bad_x_priority_is_an_openai_shaped_400(fresh: Stack) -> None:
@@ -216,5 +226,5 @@ def test_a_queued_client_that_leaves_is_out_of_the_queue_at_once(fresh: Stack) -
     assert b"data: [DONE]" in _drain(holder)
     assert [a.status_code for a in answers] == [200]
     seen = fresh.seen()
-    assert "leave-stayer" in seen
-    assert "leave-leaver" not in seen  # it never reached the worker
+    assert fresh.gateway_id("leave-stayer") in seen
+    assert fresh.gateway_id("leave-leaver") not in seen  # it never reached the worker
