@@ -123,6 +123,10 @@ class AuthenticationFailed(GatewayError):
     type = "authentication_error"
     code = "invalid_api_key"
 
+    def headers(self) -> dict[str, str]:
+        # The OpenAI and Anthropic SDKs read it: the same key will not be let in on a retry.
+        return {"x-should-retry": "false"}
+
 
 class NotFound(GatewayError):
     status = 404

@@ -26,7 +26,7 @@ from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
 from app.door.checks import check_model
 from app.door.entry import Entry
-from app.door.keys import ANTHROPIC_KEY_TEXTS
+from app.door.keys import anthropic_key_texts
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.media_policy import image_policy
@@ -145,7 +145,7 @@ def _entry(path: str, surface: MessagesSurface, name: str) -> Entry:
         surface,
         anthropic_headers,
         operation(name),
-        key_texts=ANTHROPIC_KEY_TEXTS,
+        key_texts=anthropic_key_texts,
         model_hint=MODEL_HINT,
     )
 

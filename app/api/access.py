@@ -9,9 +9,10 @@ everything FastAPI answers (``/v1/models``, probes, ``/metrics``, 404s...).
 passed in as ``routes``), ``/v1/models`` and refusals at the protocol layer (route ``other`` when
 the path is not one of those). Probes, scrapes and unknown paths are in the access log only, so
 the metric's label set stays bounded and its error ratio is about API traffic. The access line's
-``route`` is one of a fixed set of paths, else ``other``; an ``other`` line also names the
-request's ``method`` and ``path`` (``client_text``) so an operator sees which endpoint a client
-wanted.
+``route`` is one of a fixed set of paths or templates (``/v1/responses/{response_id}``,
+``.../input_items``, ``/v1/models/{model}``: with the ``method``), else ``other``; an ``other``
+line also names the request's ``method`` and ``path`` (``client_text``) so an operator sees which
+endpoint a client wanted.
 """
 
 from __future__ import annotations
@@ -25,6 +26,25 @@ from app.door.request_id import client_request_id_of, request_id_of
 from app.gateway import Gateway
 from app.metrics import OTHER
 from app.proxy.downstream import Message, Receive, Send
+
+# Paths with an id in them, as the access line's ``route`` names them (its ``method`` too).
+RESPONSE_ROUTE = "/v1/responses/{response_id}"
+INPUT_ITEMS_ROUTE = "/v1/responses/{response_id}/input_items"
+MODEL_ROUTE = "/v1/models/{model}"
+
+
+def templated(path: str) -> str | None:
+    """The route template an id-bearing API path matches, if any."""
+    if path.startswith("/v1/responses/"):
+        rest = path[len("/v1/responses/") :]
+        if rest and "/" not in rest:
+            return RESPONSE_ROUTE
+        if rest.endswith("/input_items") and rest.count("/") == 1 and len(rest) > 12:
+            return INPUT_ITEMS_ROUTE
+        return None
+    if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
+        return MODEL_ROUTE
+    return None
 
 
 class AccessMiddleware:
@@ -56,10 +76,13 @@ class AccessMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = path if path in self.known else OTHER
+            template = None if path in self.known else templated(path)
+            route = path if path in self.known else template or OTHER
             end = gw.proxy.now()
             record = AccessRecord(request_id_of(scope), route, NO_MODEL, False, status=status)
             record.client_request_id = client_request_id_of(scope)
+            if template is not None:  # GET or DELETE: the route alone does not say
+                record.method = client_text(scope["method"].encode("latin-1"))
             if route == OTHER:
                 record.method = client_text(scope["method"].encode("latin-1"))
                 raw = scope.get("raw_path") or path.encode("utf-8")

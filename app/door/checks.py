@@ -89,7 +89,8 @@ class Key:
 
     def check(self, visit: Visit) -> None:
         entry = visit.entry
-        visit.key = key_name(entry.credential(visit.read), self._gw, entry.key_texts)
+        read = visit.read
+        visit.key = key_name(entry.credential(read), self._gw, entry.key_texts(read))
 
 
 class Tenancy:

@@ -25,7 +25,7 @@ from app.accesslog import AccessRecord
 from app.door import checks as door
 from app.door.entry import Entry
 from app.door.limits import KeyLimits
-from app.door.reject import refuse
+from app.door.reject import asked_for, refuse
 from app.door.request_id import client_request_id_of, echo_id_of, outer_send, request_id_of
 from app.door.visit import Check, Visit
 from app.errors import GatewayError
@@ -101,6 +101,7 @@ class Door:
                 visit.limit_headers,
                 key=visit.key,
                 duration_s=proxy.now() - visit.started,
+                asked=asked_for(visit.parsed, visit.raw),
                 client_request_id=client_request_id_of(scope),
                 echo_id=echo_id_of(scope),
             )

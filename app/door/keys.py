@@ -9,6 +9,8 @@ separate metrics port only when it is true: it is Prometheus's); probes never ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from app.auth import bearer_token
 from app.errors import AuthenticationFailed
 from app.gateway import Gateway
@@ -21,6 +23,25 @@ OPENAI_KEY_TEXTS = (
     "Incorrect API key provided.",
 )
 ANTHROPIC_KEY_TEXTS = ("x-api-key header is required", "invalid x-api-key")
+# Anthropic's clients also send a key as a bearer token (Claude Code's ANTHROPIC_AUTH_TOKEN): a
+# wrong one is named as what it is, not as the x-api-key header the client never sent.
+ANTHROPIC_BEARER_WRONG = (
+    "invalid bearer token: the Authorization header's key is not one of this gateway's keys "
+    "(Claude Code sends ANTHROPIC_AUTH_TOKEN there, ANTHROPIC_API_KEY as x-api-key)"
+)
+# The texts a request's key is refused with, given the headers it sent (``Entry.key_texts``).
+KeyTexts = Callable[[dict[bytes, bytes]], tuple[str, str]]
+
+
+def openai_key_texts(read: dict[bytes, bytes]) -> tuple[str, str]:
+    return OPENAI_KEY_TEXTS
+
+
+def anthropic_key_texts(read: dict[bytes, bytes]) -> tuple[str, str]:
+    """``x-api-key``'s texts, unless the key came only as ``Authorization: Bearer``."""
+    if b"x-api-key" not in read and b"authorization" in read:
+        return ANTHROPIC_KEY_TEXTS[0], ANTHROPIC_BEARER_WRONG
+    return ANTHROPIC_KEY_TEXTS
 
 
 def key_name(

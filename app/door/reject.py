@@ -22,7 +22,11 @@ sees which endpoint a client wanted.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable, Collection, Sequence
+
+import orjson
 
 from app.accesslog import AccessRecord
 from app.errors import GatewayError
@@ -30,6 +34,7 @@ from app.gateway import Gateway
 from app.metrics import OTHER
 from app.outcomes import Outcome
 from app.proxy.downstream import Send, send_error
+from app.proxy.request import ParsedRequest
 from app.proxy.surface import ErrorShape
 
 MODELS_ROUTE = "/v1/models"
@@ -54,6 +59,30 @@ def client_text(raw: bytes) -> str:
     return text
 
 
+# Where a refused body's model and stream flag are looked for (the log names what was asked).
+_ASKED_WINDOW = 4096
+_MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})' % (MAX_CLIENT_TEXT + 1))
+_STREAM = re.compile(rb'"stream"\s*:\s*true\b')
+
+
+def asked_for(parsed: ParsedRequest | None, raw: bytes) -> tuple[str, bool]:
+    """The model and stream flag a refused request asked for: the parsed request's, else what
+    the body's first bytes say (JSON escapes decoded, then escaped and capped by
+    ``client_text``), else ``-``/false."""
+    if parsed is not None:
+        return client_text(parsed.model.encode("utf-8")), parsed.stream
+    head = raw[:_ASKED_WINDOW]
+    found = _MODEL.search(head)
+    name = NO_MODEL
+    if found is not None:
+        value = found.group(1)
+        # Left as sent when cut inside an escape, or not JSON at all.
+        with contextlib.suppress(orjson.JSONDecodeError):
+            value = orjson.loads(b'"' + value + b'"').encode("utf-8")
+        name = client_text(value)
+    return name, _STREAM.search(head) is not None
+
+
 def reject(
     gw: Gateway,
     route: str,
@@ -63,14 +92,16 @@ def reject(
     key: str | None = None,
     duration_s: float | None = None,
     path: str | None = None,
+    asked: tuple[str, bool] = (NO_MODEL, False),
     client_request_id: str | None = None,
 ) -> None:
-    """Record a request answered with ``error`` before any worker was asked (its model is not
-    named: it may be any string a client sent). ``path``: the target's path (escaped) when
-    ``route`` is ``other``."""
+    """Record a request answered with ``error`` before any worker was asked. The metric names
+    no model (it may be any string a client sent); the access line names ``asked`` (the model
+    and stream flag the request asked for, escaped: ``asked_for``). ``path``: the target's path
+    (escaped) when ``route`` is ``other``."""
     gw.metrics.record_request(route, OTHER, error.status)
     record = AccessRecord(
-        request_id, route, NO_MODEL, False, key=key, status=error.status, outcome=REJECTED
+        request_id, route, asked[0], asked[1], key=key, status=error.status, outcome=REJECTED
     )
     record.client_request_id = client_request_id
     record.path = path
@@ -106,6 +137,7 @@ async def refuse(
     *,
     key: str | None,
     duration_s: float,
+    asked: tuple[str, bool] = (NO_MODEL, False),
     client_request_id: str | None = None,
     echo_id: str | None = None,
 ) -> None:
@@ -119,6 +151,7 @@ async def refuse(
         error,
         key=key,
         duration_s=duration_s,
+        asked=asked,
         client_request_id=client_request_id,
     )
     await send_error(send, error, (echo_id or request_id).encode("ascii"), shape, headers)

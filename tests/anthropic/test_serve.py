@@ -85,6 +85,8 @@ async def test_errors_before_the_proxy_are_anthropic_shaped() -> None:
         missing = await gw.post("/v1/messages", BODY)
         wrong = await gw.post("/v1/messages", BODY, headers={"x-api-key": "sk-wrong-0000000000"})
         bearer = await gw.post("/v1/messages", BODY, headers={"authorization": f"Bearer {KEY}"})
+        bad_bearer = {"authorization": "Bearer sk-wrong-0000000000"}
+        wrong_bearer = await gw.post("/v1/messages", BODY, headers=bad_bearer)
         typed = await gw.request(
             "POST", "/v1/messages", raw=b"hi", headers={**AUTH, "content-type": "text/plain"}
         )
@@ -103,6 +105,11 @@ async def test_errors_before_the_proxy_are_anthropic_shaped() -> None:
         ("authentication_error", "invalid x-api-key"),
     )
     assert bearer.status == 200
+    # A wrong key sent as a bearer token is named as one; no SDK retries a wrong key.
+    assert wrong_bearer.status == 401 and wrong_bearer.headers["x-should-retry"] == "false"
+    kind, text = anthropic_error(wrong_bearer.body)
+    assert kind == "authentication_error" and text.startswith("invalid bearer token: ")
+    assert "x-api-key" in text and "ANTHROPIC_AUTH_TOKEN" in text
     assert (typed.status, anthropic_error(typed.body)[0]) == (415, "invalid_request_error")
     assert (too_big.status, anthropic_error(too_big.body)[0]) == (413, "request_too_large")
     assert (unknown.status, anthropic_error(unknown.body)[0]) == (404, "not_found_error")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,3 +224,23 @@ def test_without_anthropic_model_the_refusal_names_the_model_it_asked_for(
     answer = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=10)
     message = answer.json()["error"]["message"]
     assert answer.status_code == 404 and "ANTHROPIC_MODEL" in message and MODEL in message
+
+
+def test_a_wrong_bearer_token_is_named_and_claude_code_stops_at_once(
+    claude: str, gw: ManagedProcess, tmp_path: Path
+) -> None:
+    """A wrong ANTHROPIC_AUTH_TOKEN: the 401 names the Authorization header's bearer token (not
+    the x-api-key header it never sent) and says not to retry (``x-should-retry: false``), so
+    Claude Code ends in seconds (it retried for three minutes) with its own login text."""
+    env = {"ANTHROPIC_BASE_URL": gw.url, "ANTHROPIC_AUTH_TOKEN": "sk-wrong-0123456789abcdef"}
+    started = time.monotonic()
+    run = run_claude(claude, gw, tmp_path, "Say hello", "--model", MODEL, **env)
+    assert time.monotonic() - started < 60
+    assert run.returncode != 0 and "Please run /login" in run.stdout + run.stderr
+    refused = [r for r in run.requests if r["route"] == "/v1/messages"]
+    assert 1 <= len(refused) <= 2 and all(r["status"] == 401 for r in refused), run.requests
+    wrong = {"authorization": "Bearer sk-wrong-0123456789abcdef"}
+    answer = httpx.post(gw.url + "/v1/messages", json={}, headers=wrong, timeout=10)
+    assert answer.headers["x-should-retry"] == "false"
+    message = answer.json()["error"]["message"]
+    assert message.startswith("invalid bearer token") and "ANTHROPIC_AUTH_TOKEN" in message
