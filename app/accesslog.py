@@ -34,6 +34,8 @@ class AccessRecord:
     route: str
     model: str
     stream: bool
+    # The client's own X-Request-Id (escaped, capped): never the id above, which is the gateway's.
+    client_request_id: str | None = None
     key: str | None = None  # the API key's name, never the key
     priority: str | None = None  # the request's priority class (tenants)
     worker: str | None = None  # the worker that answered (in PD mode: the decode worker)

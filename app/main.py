@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -21,7 +21,7 @@ from app.accesslog import AccessLog
 from app.api import openai, ops, responses
 from app.api import surfaces as api_surfaces
 from app.api.access import AccessMiddleware
-from app.api.asgi import GatewayApp
+from app.api.asgi import ASGI, GatewayApp
 from app.api.errors import install_handlers
 from app.api.schema import openapi_document
 from app.auth import KeyStore
@@ -228,12 +228,12 @@ def create_app(
     app.state.kv_subscriber = kv_subscriber
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
+    cors: Callable[[ASGI], ASGI] | None = None
     if settings.cors_origins:  # off by default: browsers get no CORS headers at all
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=[
+        options: dict[str, Any] = {
+            "allow_origins": settings.cors_origins,
+            "allow_methods": ["GET", "POST", "DELETE"],
+            "allow_headers": [
                 "authorization",
                 "content-type",
                 "x-request-id",
@@ -242,13 +242,18 @@ def create_app(
                 "anthropic-version",
                 "anthropic-beta",
             ],
-            expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
-            max_age=600,
-        )
+            "expose_headers": ["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
+            "max_age": 600,
+        }
+        app.add_middleware(CORSMiddleware, **options)  # FastAPI's routes and every preflight
+
+        def cors(door: ASGI) -> ASGI:  # the door's POSTs, on the same path as without CORS
+            return CORSMiddleware(door, **options)
+
     app.add_middleware(AccessMiddleware, gateway=gateway, routes=ROUTES)
     door = Door(gateway, door_checks)
     app.include_router(api_surfaces.router(door, SURFACES))
     app.include_router(openai.router)
     app.include_router(responses.router)  # GET/DELETE /v1/responses/{id}: the stored responses
     app.include_router(ops.router)
-    return GatewayApp(app, door, BY_PATH, lane=not settings.cors_origins)
+    return GatewayApp(app, door, BY_PATH, wrap=cors)

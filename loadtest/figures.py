@@ -5,6 +5,11 @@ tens of KB) and its results as ``docs/img/<name>.json``, and prints the Markdown
 ``docs/benchmarks.md`` shows beside the plot. ``tests/docs/test_figures.py`` renders the table
 from the committed JSON again and checks that the page holds it, with the run's date: the plot,
 the table and the date on the page always come from one run.
+
+A new bench with a plot (a routing bench's, for one) publishes the same way: a ``--docs`` flag
+calling ``save`` and ``publish_json`` with its own name, its table function in
+``tests/docs/test_figures.py``'s ``FIGURES``, and a section in ``docs/benchmarks.md`` holding the
+plot, the table and the command.
 """
 
 from __future__ import annotations

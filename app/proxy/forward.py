@@ -140,7 +140,7 @@ class Proxy:
     ) -> None:
         down = Downstream(
             send,
-            job.request_id,
+            job.echo_id,
             stream=job.request.stream,
             clock=self._clock,
             direct=direct,

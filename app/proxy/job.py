@@ -24,7 +24,8 @@ class Job:
 
     request: ParsedRequest
     headers: list[tuple[bytes, bytes]]  # forwardable client headers
-    request_id: str
+    request_id: str  # the gateway's own (records, log, trace)
+    echo_id: str  # the X-Request-Id on the response: the client's if sane, else request_id
     ctx: RoutingContext
     record: AccessRecord
     started: float

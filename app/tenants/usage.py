@@ -6,7 +6,9 @@ ends: the ones the proxy ran and the ones refused at the door (401 aside: with k
 request without a valid key belongs to no one, and unauthenticated traffic must not be able to
 rotate billable lines away). Refused requests carry zero tokens. Fields, in this order::
 
-    time (RFC 3339 UTC, when the answer ended), request_id, key, priority, model, worker, route,
+    time (RFC 3339 UTC, when the answer ended), request_id (the gateway's own, unique),
+    client_request_id (the client's X-Request-Id, escaped; null without one), key, priority,
+    model, worker, route,
     stream, status, outcome, prompt_tokens, completion_tokens, reasoning_tokens, accept_length,
     ttft_ms, duration_ms, attempts, continuations, continuation_prompt_tokens,
     tokens_estimated, usage_estimated
@@ -74,6 +76,7 @@ def usage_line(ended: str, r: AccessRecord) -> bytes:
     doc = {
         "time": ended,
         "request_id": r.request_id,
+        "client_request_id": r.client_request_id,
         "key": r.key,
         "priority": r.priority,
         "model": r.model,

@@ -273,6 +273,7 @@ class RequestTrace:
             "dflash.queue_wait_s": queue_wait_s,
         }
         optional: dict[str, AttributeValue | None] = {
+            "dflash.client_request_id": record.client_request_id,
             "dflash.key": record.key,
             "dflash.priority": record.priority,
             "dflash.worker": record.worker,

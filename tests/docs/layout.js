@@ -53,19 +53,21 @@
     }
   }
 
-  // A command a reader copies should be seen whole: long ones are broken with a backslash.
+  // A command or code a reader copies should be seen whole: long lines are broken (a backslash
+  // in a shell). Output samples (text, JSON) may scroll.
   if (commandsFit) {
     const shells = column.querySelectorAll(
-      ".language-bash pre > code, .language-sh pre > code, .language-shell pre > code, " +
-        ".language-console pre > code",
+      [
+        "bash", "sh", "shell", "console", "python", "yaml", "toml",
+      ].map((language) => `.language-${language} pre > code`).join(", "),
     );
     for (const code of shells) {
       if (code.scrollWidth > code.clientWidth + 1) {
         const longest = code.textContent.split("\n").reduce((a, b) => (b.length > a.length ? b : a));
         problems.push(
-          `a command block scrolls sideways (${where(code)}): break ${JSON.stringify(
+          `a command or code block scrolls sideways (${where(code)}): break ${JSON.stringify(
             longest.slice(0, 60),
-          )}... with a backslash`,
+          )}...`,
         );
       }
     }

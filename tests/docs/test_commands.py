@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -217,3 +218,19 @@ def test_page_commands_run_on_a_fresh_clone(page: str, clone: Path, port: int) -
         if server is not None:
             server.stop()
     assert ran or page == "docs/agents.md", f"{page}: no command was run or checked"
+
+
+@pytest.mark.processes
+def test_a_command_that_would_not_paste_fails(port: int) -> None:
+    """The reader's shell has no virtualenv on PATH: `dflash-gateway` alone is not found there
+    (the mistake this test exists to catch), `.venv/bin/dflash-gateway` is."""
+    env = reader_env(port)
+    bare = Block("synthetic.md", 1, "bash", "dflash-gateway --help\n", "run", "")
+    if shutil.which("dflash-gateway", path=env["PATH"]) is None:  # else installed system-wide
+        with pytest.raises(AssertionError, match="exited 127"):
+            run(bare, ["bash", "-e", "-c", bare.text], ROOT, env)
+    explicit = Block("synthetic.md", 1, "bash", ".venv/bin/dflash-gateway --help\n", "run", "")
+    run(explicit, ["bash", "-e", "-c", explicit.text], ROOT, env)
+    long = Block("synthetic.md", 1, "bash", "make no-such-target\n", "long", "a reason")
+    with pytest.raises(AssertionError, match="exited"):
+        check_without_running(long, long.text, ROOT, env)

@@ -90,6 +90,7 @@ async def test_headers_to_workers() -> None:
     assert sent["authorization"] == "Bearer worker-secret"
     assert "cookie" not in sent and "x-hop" not in sent
     assert sent["traceparent"].startswith("00-0af7")
+    # The client's own id, echoed and sent on (the records' id is the gateway's own).
     assert sent["x-request-id"] == "req-123"
     assert sent["x-emulator-profile"] == "gsm8k"
     assert ex.headers["x-request-id"] == "req-123"

@@ -23,7 +23,9 @@ from typing import Any
 import orjson
 import pytest
 
+from app.media_policy import DEFAULT_POLICY
 from app.proxy.fields import DENIED
+from app.proxy.media import MEDIA_PARTS, check_image_url
 from tests.security.recorder import MODEL, RecordingWorker, recording_worker
 from tests.security.stack import start_gateway
 from tests.support.procs import ManagedProcess, managed_processes
@@ -473,6 +475,7 @@ def _check_answers(answers: list[tuple[Case, Answer]]) -> None:
 def _check_worker(worker: RecordingWorker) -> None:
     """What the worker received, decoded as it decodes it."""
     assert worker.bodies
+    checked = 0
     for raw in worker.bodies:
         body = orjson.loads(raw)
         decoded = orjson.dumps(body).decode()
@@ -480,6 +483,31 @@ def _check_worker(worker: RecordingWorker) -> None:
         assert not DENIED.intersection(body) - {"rid"}, sorted(body)
         kwargs = body.get("chat_template_kwargs") or {}
         assert set(kwargs) <= TEMPLATE_KWARGS, kwargs
+        for url in _media_urls(body):  # every URL a worker would fetch is one the policy allows
+            check_image_url(url, DEFAULT_POLICY, "url")
+            checked += 1
+    assert checked > len(worker.bodies)  # the valid bodies' URLs were found and checked
+
+
+def _media_urls(body: dict[str, Any]) -> Iterator[Any]:
+    """The URLs of a body's media parts as the worker reads them: a chat body's parts, and a
+    token count's Anthropic image sources (in tool results too)."""
+    parts = []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        parts += content if isinstance(content, list) else ()
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        for name in MEDIA_PARTS:
+            value = part.get(name)
+            if value is not None:
+                yield value.get("url") if isinstance(value, dict) else value
+        source = part.get("source")
+        if isinstance(source, dict) and source.get("type") == "url":
+            yield source.get("url")
+        if isinstance(part.get("content"), list):
+            parts += part["content"]  # a tool result's blocks
 
 
 def test_type_confused_values_on_every_surface(stack: Stack) -> None:

@@ -200,6 +200,8 @@ def test_the_policies_are_settings(tmp_path_factory: Any) -> None:
             env={
                 "DFLASH_GATEWAY_LIMITS__CHAT_TEMPLATE_KWARGS": "thinking,preserve_thinking",
                 "DFLASH_GATEWAY_LIMITS__IMAGE_URL_CLUSTER_SUFFIXES": "svc,cluster.local,prod",
+                # Text completions take chat_template_kwargs only when allowed so: policed too.
+                "DFLASH_GATEWAY_LIMITS__EXTRA_FIELDS": "chat_template_kwargs",
             },
         )
         other = Stack(gw, worker)
@@ -210,6 +212,16 @@ def test_the_policies_are_settings(tmp_path_factory: Any) -> None:
         kwargs = {"enable_thinking": 1}
         error = other.refused(CHAT, body | {"chat_template_kwargs": kwargs}, b"enable_thinking")
         assert error["param"] == "chat_template_kwargs.enable_thinking"
+        prompt = {
+            "model": MODEL,
+            "prompt": "hi",
+            "chat_template_kwargs": {"chat_template": "J1NJ4"},
+        }
+        error = other.refused(COMPLETIONS, prompt, b"J1NJ4")
+        assert error["param"] == "chat_template_kwargs.chat_template"
+        prompt["chat_template_kwargs"] = {"preserve_thinking": False}
+        assert other.post(COMPLETIONS, prompt).status_code == 200
+        assert worker.json()["chat_template_kwargs"] == {"preserve_thinking": False}
         # The cluster's own namespace is refused; the default list was replaced.
         refused = other.refused(CHAT, _chat_with(_image_part("https://redis.prod/")), b"prod")
         assert refused["param"] == "messages.0.content.1.image_url.url"

@@ -23,6 +23,7 @@ from app.tenants.usage import UsageLog, process_path
 FIELDS = [
     "time",
     "request_id",
+    "client_request_id",
     "key",
     "priority",
     "model",
