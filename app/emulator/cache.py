@@ -15,8 +15,8 @@ on page i means the whole prefix up to i matched. What SGLang does and this foll
   prefix outlives every longer prompt that extends it;
 * ``/flush_cache`` drops everything (refused while requests run, by the caller).
 
-Bookkeeping is O(pages touched) per request: one dict (insertion order = LRU order, a node always
-more recent than its children) of at most ``max_total_tokens // page_size`` nodes. Each node keeps
+Bookkeeping is O(pages touched) per request: one ordered dict (LRU order, a node always more
+recent than its children) of at most ``max_total_tokens // page_size`` nodes. Each node keeps
 the SGLang block hash of its page (``event``) for the KV events (``app.emulator.kv_events``),
 computed only when events are on and only for pages stored, so a 200k-token prompt whose prefix
 is cached costs a chain of cheap digests, not a tokenizer.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,11 +39,16 @@ VOCAB_SIZE = 163840
 
 def page_token_ids(text: str) -> list[int]:
     """The emulator's token ids for a page's text: one per 4 characters (its tokenizer has no
-    vocabulary, so an id is a checksum of those characters, in Kimi-K2.5's id range)."""
-    return [
-        zlib.crc32(text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass")) % VOCAB_SIZE
-        for i in range(0, len(text), CHARS_PER_TOKEN)
-    ]
+    vocabulary), the token's first 4 UTF-8 bytes as a little-endian number, modulo Kimi-K2.5's
+    vocabulary size. ASCII text (4 bytes a token) is read in one pass."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) == len(text) and len(text) % CHARS_PER_TOKEN == 0:
+        return [v % VOCAB_SIZE for v in struct.unpack(f"<{len(raw) // 4}I", raw)]
+    ids = []
+    for i in range(0, len(text), CHARS_PER_TOKEN):
+        head = text[i : i + CHARS_PER_TOKEN].encode("utf-8", "surrogatepass")[:4]
+        ids.append(int.from_bytes(head, "little") % VOCAB_SIZE)
+    return ids
 
 
 def sglang_block_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
@@ -106,7 +111,7 @@ class PrefixCache:
         self.page_size = page_size
         self.page_chars = page_size * CHARS_PER_TOKEN
         self.max_total_tokens = max_total_tokens
-        self._nodes: dict[bytes, _Node] = {}
+        self._nodes: OrderedDict[bytes, _Node] = OrderedDict()
         self._recorder = recorder
         self.hit_tokens = 0
         self.lookup_tokens = 0
@@ -193,9 +198,9 @@ class PrefixCache:
     def _touch(self, path: list[bytes]) -> None:
         """Most recently used: children first, so every node stays more recent than its
         children and the oldest node is always a leaf."""
-        nodes = self._nodes
+        move = self._nodes.move_to_end
         for key in reversed(path):
-            nodes[key] = nodes.pop(key)
+            move(key)
 
     def _evict(self, reserved: int) -> None:
         nodes = self._nodes
@@ -203,13 +208,11 @@ class PrefixCache:
         removed: list[int] = []
         skipped = 0
         while len(nodes) > budget and skipped < len(nodes):
-            key = next(iter(nodes))
-            node = nodes[key]
+            key, node = nodes.popitem(last=False)
             if node.locks or node.children:
-                nodes[key] = nodes.pop(key)  # in use: it stays (SGLang evicts only unlocked)
+                nodes[key] = node  # in use: it stays (SGLang evicts only unlocked)
                 skipped += 1
                 continue
-            del nodes[key]
             skipped = 0
             if node.parent is not None:
                 parent = nodes.get(node.parent)

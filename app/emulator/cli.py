@@ -149,7 +149,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         metavar="JSON",
         help="publish the prefix cache's KV events on ZMQ in SGLang's format (vLLM's with "
-        "--engine vllm), e.g. "
+        '--engine vllm, which also needs "enable_kv_cache_events": true), e.g. '
         '\'{"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}\'; '
         '"bind": true binds a concrete address such as 127.0.0.1',
     )

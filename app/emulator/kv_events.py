@@ -1,9 +1,10 @@
 """KV events: the emulated worker publishes its prefix cache's changes as SGLang or vLLM does.
 
 ``--kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}'``
-(SGLang's and vLLM's flag; ``"bind": true`` binds a concrete address such as loopback, as SGLang's
-``KVEventsConfig.bind``; without it only a wildcard host is bound and any other is connected to,
-the engines' heuristic). Every cache change (``app.emulator.cache``: pages stored after a prefill,
+(SGLang's and vLLM's flag; vLLM records events only with ``"enable_kv_cache_events": true``;
+``"bind": true`` binds a concrete address such as loopback, as SGLang's ``KVEventsConfig.bind``;
+without it only a wildcard host is bound and any other is connected to, the engines'
+heuristic). Every cache change (``app.emulator.cache``: pages stored after a prefill,
 pages evicted, ``/flush_cache``) is one batch on a ZMQ PUB socket, as a multipart message
 ``(topic, sequence as 8-byte big-endian, msgpack payload)``, the sequence counting from 0 per
 process (``ZmqEventPublisher._publisher_thread`` in both engines).
@@ -101,6 +102,9 @@ class KvEventsConfig:
     endpoint: str = "tcp://*:5557"
     topic: str = ""
     bind: bool | None = None
+    # vLLM records events only with this set (its KVEventsConfig.enable_kv_cache_events);
+    # SGLang has no such key.
+    enable_kv_cache_events: bool = False
 
     @classmethod
     def parse(cls, raw: str) -> KvEventsConfig:
@@ -118,10 +122,12 @@ class KvEventsConfig:
             raise ValueError("--kv-events-config: endpoint and topic are strings")
         if "bind" in data and data["bind"] is not None:
             bind = bool(data["bind"])
-        return cls(publisher=publisher, endpoint=endpoint, topic=topic, bind=bind)
+        enable = bool(data.get("enable_kv_cache_events", False))
+        return cls(publisher, endpoint, topic, bind, enable)
 
-    @property
-    def enabled(self) -> bool:
+    def enabled(self, engine: str = "sglang") -> bool:
+        if engine == "vllm" and not self.enable_kv_cache_events:
+            return False
         return self.publisher == "zmq"
 
     def host_port(self) -> tuple[str, int] | None:
@@ -143,7 +149,7 @@ class KvEventsConfig:
         """``/server_info``'s ``kv_events`` block (``runtime_context.py``
         ``describe_kv_events_publisher``): where to subscribe, at which block size."""
         address = self.host_port()
-        if not self.enabled or address is None:
+        if not self.enabled() or address is None:
             return None
         return {
             "publisher": self.publisher,

@@ -131,7 +131,7 @@ class Worker:
         self.kv_events = KvEventsConfig.parse(config.kv_events_config or "{}")
         self.publisher = (
             KvEventPublisher(self.kv_events, config.engine, config.page_size)
-            if self.kv_events.enabled
+            if self.kv_events.enabled(config.engine)
             else None
         )
         self.cache = PrefixCache(

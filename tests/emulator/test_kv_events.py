@@ -33,10 +33,11 @@ def subs() -> Iterator[list[zmq.Socket[bytes]]]:
 
 
 def _start(
-    procs: ProcessManager, subs: list[zmq.Socket[bytes]], *flags: str
+    procs: ProcessManager, subs: list[zmq.Socket[bytes]], *flags: str, vllm: bool = False
 ) -> tuple[ManagedProcess, zmq.Socket[bytes]]:
     port = free_port()
-    config = {
+    config: dict[str, Any] = {"enable_kv_cache_events": True} if vllm else {}
+    config |= {
         "publisher": "zmq",
         "endpoint": f"tcp://127.0.0.1:{port}",
         "topic": "kv",
@@ -166,7 +167,7 @@ class VKVEventBatch(msgspec.Struct, omit_defaults=True, gc=False):
 
 
 def test_vllm_format(procs: ProcessManager, subs: list[zmq.Socket[bytes]]) -> None:
-    emu, sub = _start(procs, subs, "--engine", "vllm", "--max-total-tokens", "1024")
+    emu, sub = _start(procs, subs, "--engine", "vllm", "--max-total-tokens", "1024", vllm=True)
     _settle(emu, sub)
     _chat(emu, "A journey of a thousand miles begins with a single step. " * 20)
     _chat(emu, "Sphinx of black quartz, judge my vow. " * 80)  # evicts through the small pool
