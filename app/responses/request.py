@@ -17,8 +17,8 @@ conversation a ``previous_response_id`` continues (``store.py``):
   ``content`` texts, else its ``summary`` texts; ``encrypted_content`` is never produced by this
   gateway and is ignored): Kimi-K2.5's chat template then keeps or drops it as the model was
   trained (it keeps the thinking of the turns after the last user message).
-- Any other item type (``item_reference``, ``custom_tool_call``, hosted tools' calls...) → 400
-  naming it.
+- Any other item type (``custom_tool_call``, hosted tools' calls...) → 400 naming it
+  (``item_reference`` items are resolved before: ``references.py``).
 
 Other fields: ``tools`` (``tools.py``) -- ``function`` tools as chat functions (``strict`` kept),
 ``namespace`` tools (Codex groups some functions so) flattened to functions named

@@ -28,6 +28,7 @@ from app.openai.serve import READ
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
 from app.response_store import ResponseStore, fetch
+from app.responses.references import has_references, request_items, resolve
 from app.responses.request import load, translate
 from app.responses.response import Context, assistant_turn, to_response
 from app.responses.stream import ResponsesStream
@@ -81,7 +82,11 @@ class ResponsesSurface(TranslatedSurface):
 
 
 def _saver(
-    store: ResponseStore, key: str | None, ctx: Context, conversation: list[dict[str, Any]]
+    store: ResponseStore,
+    key: str | None,
+    ctx: Context,
+    conversation: list[dict[str, Any]],
+    items: list[dict[str, Any]] | None,
 ) -> Any:
     def save(response: dict[str, Any]) -> None:
         turn = assistant_turn(response, ctx)
@@ -90,6 +95,8 @@ def _saver(
         # later request continuing from it before that request is built (``_check_expanded``).
         data = orjson.dumps(messages)
         record = {"response": response, "messages": orjson.Fragment(data), "size": len(data)}
+        if items is not None:  # what GET .../input_items lists, and item_reference resolves
+            record["input"] = items
         store.save(key, ctx.id, record)
 
     return save
@@ -121,7 +128,7 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
     if isinstance(model, str) and model:  # before the input, as the other surfaces do
         check_model(gw, model, hint=MODEL_HINT)
     store = gw.responses
-    history = None
+    history = record = None
     stored = 0  # the JSON size of the stored conversation continued
     previous = body.get("previous_response_id")
     if isinstance(previous, str) and previous:
@@ -144,13 +151,17 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
         stored = _stored_size(record)
         if stored + len(raw) > limits.max_body_bytes:
             raise _too_large(limits.max_body_bytes, stored, len(raw))
+    items = request_items(body.get("input"))
+    if items is not None and has_references(items):
+        items = resolve(items, record)
+        body = {**body, "input": items}
     translated = translate(body, max_messages=limits.max_messages, history=history)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
         gw.metrics.record_dropped_fields(RESPONSES_ROUTE)
     ctx = Context(translated.chat["model"], translated.echo, translated.names, translated.summary)
     if store is not None and translated.store:
-        ctx.on_final = _saver(store, key, ctx, translated.conversation)
+        ctx.on_final = _saver(store, key, ctx, translated.conversation, items)
     try:
         chat = orjson.dumps(translated.chat)
     except orjson.JSONEncodeError:

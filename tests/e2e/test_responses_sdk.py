@@ -258,3 +258,67 @@ def test_previous_response_id_across_gateways_sharing_redis(
         )
         assert second.status == "completed"
         assert second_client.responses.retrieve(first.id).id == first.id
+
+
+def input_items_and_item_references(client: openai.OpenAI) -> None:
+    """``responses.input_items.list`` and ``item_reference`` input items through the SDK: a
+    reference to an item of the previous response is sent as that item; input_items lists a
+    response's own input (ids kept or given), newest first by default, page by page."""
+    ada = {"type": "message", "role": "user", "content": "My name is Ada.", "id": "msg_ada"}
+    first = client.responses.create(
+        model=MODEL, input=[ada, {"role": "user", "content": "Hi."}], max_output_tokens=4000
+    )
+    listed = client.responses.input_items.list(first.id, order="asc")
+    assert listed.data[0].id == "msg_ada" and len(listed.data) == 2
+    assert listed.data[1].id.startswith("msg_")  # an id the gateway gave it
+    newest = client.responses.input_items.list(first.id, limit=1)  # desc by default
+    assert [item.id for item in newest.data] == [listed.data[1].id] and newest.has_more
+    rest = client.responses.input_items.list(first.id, limit=1, after=newest.data[0].id)
+    assert [item.id for item in rest.data] == ["msg_ada"] and not rest.has_more
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[
+            {"type": "item_reference", "id": "msg_ada"},
+            {"role": "user", "content": "What is my name?"},
+        ],
+        max_output_tokens=4000,
+    )
+    assert second.status == "completed"
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens  # the referenced item was sent
+    got = client.responses.input_items.list(second.id, order="asc").data
+    assert got[0].id == "msg_ada"
+    assert got[0].content[0].text == "My name is Ada."  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=MODEL,
+            previous_response_id=first.id,
+            input=[{"type": "item_reference", "id": "msg_nowhere"}],
+        )
+    assert refused.value.body["param"] == "input.0.id"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nowhere")
+
+
+def test_input_items_and_item_references_in_memory(client: openai.OpenAI) -> None:
+    input_items_and_item_references(client)
+
+
+def test_input_items_and_item_references_in_redis(
+    procs: ProcessManager, stack: tuple[Stack, ManagedProcess]
+) -> None:
+    server = require_tool("redis-server")
+    redis = procs.start(
+        [server, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        name="redis",
+        ready_path=None,
+    )
+    env = {
+        "DFLASH_GATEWAY_API_KEYS": KEY,
+        "DFLASH_GATEWAY_RESPONSES__STORE": "redis",
+        "DFLASH_GATEWAY_LIMITS__REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
+    }
+    gw = gateway(procs, stack[0].emus, env=env)
+    with openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0) as client:
+        input_items_and_item_references(client)
