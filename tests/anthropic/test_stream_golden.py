@@ -100,12 +100,16 @@ def translate(raw: bytes, options: dict[str, Any], size: int) -> str:
     return b"".join(out).decode() + f"\n<{tally!r}>"
 
 
+SIZES = (1 << 20, 97, 7)  # the worker's bytes in one read, or cut into reads of this size
+
+
 @pytest.mark.parametrize("name", sorted(cases()))
-@pytest.mark.parametrize("size", [1 << 20, 97, 7])
+@pytest.mark.parametrize("size", SIZES)
 def test_the_client_gets_the_recorded_bytes(name: str, size: int) -> None:
     raw, options = cases()[name]
-    assert translate(raw, options, size) == json.loads(GOLDEN.read_text())[name]
+    assert translate(raw, options, size) == json.loads(GOLDEN.read_text())[f"{name}/{size}"]
 
 
 if __name__ == "__main__":  # records the golden file: only for a deliberate change of output
-    GOLDEN.write_text(json.dumps({k: translate(*v, 1 << 20) for k, v in cases().items()}, indent=1))
+    golden = {f"{k}/{n}": translate(*v, n) for k, v in cases().items() for n in SIZES}
+    GOLDEN.write_text(json.dumps(golden, indent=1))
