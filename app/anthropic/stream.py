@@ -28,8 +28,15 @@ fields strings, ``tool_calls`` an array of objects with an object ``function``).
 chunk is a broken worker's: ``UpstreamBadResponse`` (before the first event: retried on another
 worker; after it: Anthropic's in-band ``event: error``), the worker's breaker told either way.
 
-Every worker event is parsed (orjson): this costs more per chunk than relaying the OpenAI
-routes' bytes untouched, which is what ``make bench-overhead`` measures.
+Cost per chunk: the common worker event (one text or reasoning delta of the open block's kind,
+in SGLang's layout) is not parsed whole (``_quick``): it is its block's learnt head, one JSON
+string literal and SGLang's fixed tail, and only the literal is decoded (one small orjson call,
+checked to be exactly one string) and written into a delta event prepared when the block
+opened. A head is learnt (``_learn``) from an event that was parsed whole and was such a delta:
+the same event with a probe string in place of its literal is parsed too, and must give the
+probe as the block's text and nothing else (no other text, tool call or finish), so any event
+with that head reads as the old parse would read it. An empty literal, and anything else, is
+parsed whole (``_data``); ``tests/anthropic/test_stream_golden.py`` pins the bytes either way.
 """
 
 from __future__ import annotations
@@ -63,6 +70,11 @@ _DELTA = (
     b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
     b'"delta":{"type":"%s","%s":'
 )
+# The common worker event's end after its literal (SGLang's layout), and a probe for ``_learn``.
+_FAST_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
+_PROBE = b'"\\u0001"'
+# The delta field a block's text comes from, by the block's kind (``_learn``).
+_FIELDS = {"thinking": b'"reasoning_content":', "text": b'"content":'}
 _THINKING = (b"thinking_delta", b"thinking")
 _TEXT = (b"text_delta", b"text")
 _JSON = (b"input_json_delta", b"partial_json")
@@ -74,10 +86,12 @@ class MessagesStream(StreamState):
         "_expose",
         "_failed",
         "_finish",
+        "_heads",
         "_index",
         "_matched",
         "_model",
         "_omit",
+        "_out",
         "_raw_usage",
         "_steps",
         "_tool",
@@ -96,6 +110,9 @@ class MessagesStream(StreamState):
         self._raw_usage: Any = None
         self._steps = 0  # chat data events with choices
         self._failed = False
+        # The common delta event's bytes up to its literal, by block kind (``_learn``).
+        self._heads: dict[str, bytes] = {}
+        self._out: bytes | None = None  # the open block's delta event up to its value
 
     def feed(self, chunk: bytes) -> bytes:
         framed = self._framed(chunk)
@@ -107,9 +124,13 @@ class MessagesStream(StreamState):
             if self.done:  # the worker's stream has ended: nothing after it is the client's
                 self.after_done = self.after_done or bool(event.strip())
                 continue
+            quick = self._quick(event)
+            if quick is not None:
+                out.append(quick)
+                continue
             at = event.find(b"data:")
-            if at >= 0:
-                self._data(event[at + 5 :].strip(), out)
+            if at >= 0 and self._data(event[at + 5 :].strip(), out):
+                self._learn(event)
         if self.done and self._carry:
             self.after_done = self.after_done or bool(self._carry.strip())
             self._carry = b""
@@ -123,28 +144,81 @@ class MessagesStream(StreamState):
             self._data(b"[DONE]", out)
         return b"".join(out)
 
-    def _data(self, payload: bytes, out: list[bytes]) -> None:
+    def _quick(self, event: bytes) -> bytes | None:
+        """The open block's common delta, its literal alone decoded; None: parse it whole."""
+        kind = self._block
+        head = self._heads.get(kind) if kind is not None else None
+        if head is None or not event.endswith(_FAST_TAIL) or not event.startswith(head):
+            return None
+        literal = event[len(head) : -len(_FAST_TAIL)]
+        try:
+            text = orjson.loads(literal)
+        except orjson.JSONDecodeError:
+            return None
+        if text.__class__ is not str or not text or self._failed or self.done:
+            return None
+        self.events += 1
+        self._steps += 1
+        if kind == "thinking" and self._omit:
+            return b""
+        start = self._out
+        if start is None:  # a block opens with a delta written (``_data``): never here
+            start = self._out = _DELTA % (self._index, *(_TEXT if kind == "text" else _THINKING))
+        # Written as the whole parse would re-serialise it: a literal without escapes is that.
+        value = orjson.dumps(text) if b"\\" in literal else literal
+        return start + value + b"}}\n\n"
+
+    def _learn(self, event: bytes) -> None:
+        """Learns the open block's head from ``event``, a delta of that block's kind parsed whole,
+        when the event with a probe for its literal reads as that block's text and nothing else."""
+        kind = self._block
+        if kind not in _FIELDS or not event.endswith(_FAST_TAIL) or kind in self._heads:
+            return
+        at = event.rfind(_FIELDS[kind], 0, len(event) - len(_FAST_TAIL))
+        if at < 0:
+            return
+        head = event[: at + len(_FIELDS[kind])]
+        probe = head + _PROBE + _FAST_TAIL
+        try:
+            obj = orjson.loads(probe[probe.find(b"data:") + 5 :].strip())
+            choices = obj["choices"]
+            choice: Any = choices[0] if isinstance(choices, list) else None
+            delta = choice["delta"] if isinstance(choice, dict) else None
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            return
+        if not isinstance(delta, dict) or choice.get("finish_reason") is not None:
+            return
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        text = delta.get("content")
+        want = (reasoning, text) == ("\x01", None) or (reasoning, text) == ("\x01", "")
+        if kind == "text":
+            want = reasoning is None and text == "\x01"
+        if want and not delta.get("tool_calls") and "error" not in obj:
+            self._heads[kind] = head
+
+    def _data(self, payload: bytes, out: list[bytes]) -> bool:
+        """Translates one worker event; True when it was a delta of the open block's kind."""
         self.events += 1
         if payload == b"[DONE]":
             self.done = True
             if not self._failed and self.first_data:
                 self._end(out)
-            return
+            return False
         if self._failed:
-            return
+            return False
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return  # not an event a client could use
+            return False  # not an event a client could use
         if not isinstance(obj, dict):
-            return
+            return False
         if "error" in obj and "choices" not in obj:
             if not self.first_data:
                 raise leading_error(payload)
             self._failed = self.inband_error = True
             self._close(out)
             out.append(ANTHROPIC.error_events(leading_error(payload)))
-            return
+            return False
         choices = obj.get("choices")
         choice: Any = None
         if choices:
@@ -164,7 +238,7 @@ class MessagesStream(StreamState):
                 if self.usage is not None:
                     steps = self._steps - _OVERHEAD
                     self.usage.verify_steps = steps if steps > 0 else None
-            return
+            return False
         self._steps += 1
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
@@ -190,6 +264,8 @@ class MessagesStream(StreamState):
             self._finish = choice["finish_reason"]
             # SGLang's matched_stop; vLLM's stop_reason (the matched stop string, or None).
             self._matched = choice.get("matched_stop", choice.get("stop_reason"))
+            return False
+        return not calls and bool(reasoning) != bool(text)
 
     def _start(self, obj: dict[str, Any]) -> bytes:
         message: dict[str, Any] = {
@@ -205,13 +281,16 @@ class MessagesStream(StreamState):
         return _event(b"message_start", {"type": "message_start", "message": message})
 
     def _delta(self, kind: tuple[bytes, bytes], value: Any) -> bytes:
-        return _DELTA % (self._index, *kind) + orjson.dumps(value) + b"}}\n\n"
+        if self._out is None:
+            self._out = _DELTA % (self._index, *kind)
+        return self._out + orjson.dumps(value) + b"}}\n\n"
 
     def _open(self, kind: str, out: list[bytes], block: dict[str, Any] | None = None) -> None:
         if self._block == kind and block is None:
             return
         self._close(out)
         self._block = kind
+        self._out = None
         self._index += 1
         if block is None:
             block = (

@@ -55,6 +55,9 @@ def cases() -> dict[str, tuple[bytes, dict[str, Any]]]:
     hostile += [
         # A "reasoning" field beside an empty reasoning_content: the reasoning is read.
         _raw(b'{"reasoning":"r1","reasoning_content":"x"}'),
+        _raw(b'{"reasoning":"r1","reasoning_content":"x2"}'),
+        _raw(b'{"reasoning":"r1","reasoning_content":""}'),
+        _raw(b'{"reasoning":"r1","reasoning_content":"x3"}'),
         _raw(b'{"reasoning":"r2","reasoning_content":""}'),
         _raw(b'{"reasoning":"r2","reasoning_content":"y"}'),
         # Two choices keys: the last one is the chunk's.
