@@ -13,14 +13,18 @@
                     response.output_text.done  response.content_part.done
         function_call: response.function_call_arguments.delta*
                        response.function_call_arguments.done
+        custom_tool_call: response.custom_tool_call_input.delta?
+                          response.custom_tool_call_input.done
       response.output_item.done )*
 
 One output item is open at a time: ``reasoning`` (summary events when the request asked for a
 reasoning summary, which is what Codex CLI renders, else reasoning-text events), ``message`` or
 ``function_call`` (opened by a tool call's id or name, its arguments as deltas); a change of kind
-closes the open item. A delta event is the open item's prepared head (``_head``), the delta as a
-JSON string literal and its sequence number, so a literal cut from the worker's event can be
-written as it is.
+closes the open item. A custom tool's call (``custom_tool_call``) is the call of its function,
+whose arguments are JSON holding the input: they are gathered, and its input goes out as one delta
+when the call ends (``app.responses.custom.input_of``). A delta event is the open item's
+prepared head (``_head``), the delta as a JSON string literal and its sequence number, so a
+literal cut from the worker's event can be written as it is.
 """
 
 from __future__ import annotations
@@ -173,7 +177,10 @@ class EventWriter(StreamState):
             self._tool = index
             self._head = self._head_for("response.function_call_arguments.delta", "")
         if arguments:
-            out.append(self._delta(arguments))
+            if self._item["type"] == "custom_tool_call":
+                self._pieces.append(arguments)  # its input goes out when it ends
+            else:
+                out.append(self._delta(arguments))
 
     def _close(self, out: list[bytes], status: str = "completed") -> None:
         kind = self._kind
@@ -218,6 +225,14 @@ class EventWriter(StreamState):
             )
             part = output_text(text)
             out.append(self._event({"type": "response.content_part.done", **common, "part": part}))
+        elif item["type"] == "custom_tool_call":
+            done = call_item(self._ctx, index, item["call_id"], item["name"], text, status)
+            done["id"] = item["id"]
+            if done["input"]:
+                delta = {"type": "response.custom_tool_call_input.delta", **common}
+                out.append(self._event(delta | {"delta": done["input"]}))
+            input_done = {"type": "response.custom_tool_call_input.done", **common}
+            out.append(self._event(input_done | {"input": done["input"]}))
         else:
             done = dict(item, arguments=text, status=status)
             out.append(
