@@ -37,7 +37,13 @@ ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 
 PolicyName = Literal[
-    "least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity", "spare_capacity"
+    "least_inflight",
+    "power_of_two",
+    "round_robin",
+    "random",
+    "prefix_affinity",
+    "spare_capacity",
+    "cache_aware",
 ]
 POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -92,7 +93,10 @@ def create_app(
         settings=settings,
         pool=pool,
         policy=make_policy(
-            settings.policy, rng=rng, load_factor=settings.prefix_affinity_load_factor
+            settings.policy,
+            rng=rng,
+            load_factor=settings.prefix_affinity_load_factor,
+            on_decision=functools.partial(metrics.record_routing_decision, settings.policy),
         ),
         client=client,
         metrics=metrics,

@@ -54,7 +54,7 @@ from app.proxy.resume import (
 from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.proxy.surface import Observer
-from app.routing.policies import Policy, RoutingContext
+from app.routing.policies import Learns, Policy, RoutingContext
 from app.tenants.tenant import Tenant
 from app.upstream.client import UpstreamClient
 from app.workers.acceptance import CollapseDetector
@@ -124,6 +124,10 @@ class Proxy:
         self._settings = settings
         self._pool = pool
         self._policy = policy
+        # A policy that learns from every answer (cache_aware's prefix index), and whether the
+        # door must hash each prompt's block chain for it.
+        self._learns = policy if isinstance(policy, Learns) else None
+        self.hashes_prefix = self._learns is not None
         self._client = client
         self._metrics = metrics
         self._access = access_log
@@ -326,7 +330,10 @@ class Proxy:
                 reasoning=usage.reasoning_tokens,
                 verify_steps=steps,
                 source=source,
+                cached=usage.cached_tokens,
             )
+            if self._learns is not None:
+                self._learns.answered(job.ctx, attempt.worker, usage)
             if steps and usage.completion_tokens:
                 record.accept_length = round(usage.completion_tokens / steps, 3)
                 if source is not None:

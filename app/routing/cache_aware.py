@@ -1,0 +1,155 @@
+"""``cache_aware``: the prefill a worker's prefix cache saves, against the load it adds.
+
+Per candidate, two figures: its spare decode capacity (``SpareCapacity.score``: free slots x
+output rate per request x free KV) and the prompt tokens it is estimated to hold of this request
+(``app.routing.cache_index``, from the raw-byte block chain of ``app.routing.prefix``).
+
+1. Every worker whose spare capacity is within ``load_factor`` of the best is *in the band*.
+   The request's **home** is the band's worker with the highest rendezvous weight of its routing
+   key (``X-Session-Id``, ``user``, Claude Code's ``metadata.user_id``, Responses'
+   ``prompt_cache_key``, else the conversation hash): a hash of key and worker name, so every
+   gateway replica, with no shared state, sends a session's turns to the same worker; a key
+   whose first choice is out of the band spills to the next by weight (``spill``). Without a key
+   the home is the worker with the most spare capacity (``no_key``).
+2. **Cache override.** A worker that holds at least ``min_gain`` of the prompt more than the home
+   (in tokens) takes the request instead (``cache_hit``), if its spare capacity is within
+   ``load_factor x (1 + gain)`` of the best, ``gain`` being that extra share of the prompt: the
+   more prefill it saves, the more load it may carry. So a session follows its cache when it
+   spilled or when its home evicted it, and the shared system prompt (held by every worker that
+   served anyone) never draws a fleet onto its first worker: it is no gain over a home that
+   holds it too, and a gain is only worth a bounded load.
+3. When every worker is full, the fastest to drain (``full``).
+
+The chosen worker is recorded as holding the whole prompt, and the answer's ``cached_tokens``
+corrects the estimate (``answered``). ``pick`` stays synchronous and I/O-free: the block chain
+is hashed before it, when the request is parsed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from app.routing.cache_index import PrefixIndex
+from app.routing.policies import _MASK64, _MIX, RoutingContext, _hash64
+from app.upstream.sse import Usage
+from app.workers.worker import Worker
+
+REASONS = ("cache_hit", "affinity", "spill", "no_key", "full", "single")
+
+
+class CacheAware:
+    name = "cache_aware"
+
+    def __init__(
+        self,
+        *,
+        load_factor: float = 1.25,
+        min_gain: float = 0.5,
+        index: PrefixIndex | None = None,
+        on_decision: Callable[[str], None] | None = None,
+    ) -> None:
+        if load_factor < 1.0:
+            raise ValueError("load_factor must be >= 1")
+        self._load_factor = load_factor
+        self._min_gain = min_gain
+        self.index = index or PrefixIndex()
+        self._name_hashes: dict[str, int] = {}
+        self._on_decision = on_decision
+
+    def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
+        blocks = ctx.prefix
+        if len(workers) == 1:
+            worker, reason = workers[0], "single"
+        else:
+            worker, reason = self._choose(ctx, workers)
+        if self._on_decision is not None:
+            self._on_decision(reason)
+        if blocks is not None:
+            index = self.index
+            if index.workers > 4 * len(workers) + 64:
+                index.retain(w.name for w in workers)  # forget workers that left long ago
+            index.set_capacity(worker.name, worker.url, worker.load.max_total_num_tokens)
+            blocks.picked = (worker.name, index.held_tokens(worker.name, blocks))
+            index.record(worker.name, blocks)
+        return worker
+
+    def _choose(self, ctx: RoutingContext, workers: Sequence[Worker]) -> tuple[Worker, str]:
+        default_rate = 0.0
+        for worker in workers:
+            rate = worker.rate
+            if rate is not None and rate > default_rate:
+                default_rate = rate
+        if default_rate == 0.0:
+            default_rate = 1.0
+        # SpareCapacity.score, inlined (one pass, as spare_capacity does).
+        scores: list[float] = []
+        best, best_score = workers[0], -math.inf
+        for worker in workers:
+            rate = worker.rate or default_rate
+            spare = worker.room - worker.in_flight
+            if spare > 0:
+                score = spare * rate * (1.0 - worker.load.token_usage)
+            else:
+                score = (spare - 1) / rate
+            scores.append(score)
+            if score > best_score:
+                best, best_score = worker, score
+        if best_score <= 0:
+            return best, "full"
+        floor = best_score / self._load_factor
+        key = ctx.routing_key
+        home, reason = best, "no_key"
+        if key is not None:
+            key_hash = _hash64(key)
+            hashes = self._name_hashes
+            if len(hashes) > 4 * len(workers) + 64:
+                hashes.clear()  # forget workers that left long ago
+            top_weight = home_weight = -1
+            for worker, score in zip(workers, scores, strict=True):
+                name_hash = hashes.get(worker.name)
+                if name_hash is None:
+                    name_hash = hashes[worker.name] = _hash64(worker.name)
+                weight = ((key_hash ^ name_hash) * _MIX) & _MASK64
+                if weight > top_weight:
+                    top_weight = weight
+                if score >= floor and weight > home_weight:
+                    home, home_weight = worker, weight
+            reason = "affinity" if home_weight == top_weight else "spill"
+        blocks = ctx.prefix
+        if blocks is None:
+            return home, reason
+        index = self.index
+        prompt = index.tokens(blocks.size)
+        if prompt <= 0:
+            return home, reason
+        # Only what a worker holds past the shared lead (tools and system prompt) counts: what
+        # this session sent. A shared system prompt is soon held by every worker that served
+        # anyone; counting it would draw every new session to the first one that did.
+        lead = index.tokens(blocks.lead)
+        home_held = max(lead, index.held_tokens(home.name, blocks))
+        need = home_held + self._min_gain * (prompt - lead)
+        # A worker holding ``need`` tokens holds the block that reaches them: one lookup each
+        # rules out every worker that does not.
+        probe = index.probe(blocks, need)
+        if probe is None:
+            return home, reason
+        choice, choice_held = home, need
+        for worker, score in zip(workers, scores, strict=True):
+            if worker is home or not index.holds(worker.name, probe):
+                continue
+            held = index.held_tokens(worker.name, blocks)
+            if held < choice_held:
+                continue
+            gain = (held - home_held) / prompt
+            if score >= floor / (1.0 + gain) and (held > choice_held or choice is home):
+                choice, choice_held = worker, held
+        if choice is not home:
+            return choice, "cache_hit"
+        return home, reason
+
+    def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None:
+        """The worker's answer to a request this policy routed: its usage corrects the index."""
+        blocks = ctx.prefix
+        if blocks is not None and usage.prompt_tokens:
+            self.index.answered(worker.name, blocks, usage.prompt_tokens, usage.cached_tokens)
