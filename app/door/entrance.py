@@ -127,7 +127,11 @@ class Door:
         ctx = RoutingContext(
             parsed.served_model,
             routing_key(parsed, session.decode("latin-1") if session else None),
-            prefix_blocks(parsed.prefix, lead_parts=_lead_parts(parsed))
+            prefix_blocks(
+                parsed.prefix,
+                lead_parts=_lead_parts(parsed),
+                new_parts=2 if len(parsed.prefix) > 1 else 0,
+            )
             if self._hash_prefix
             else None,
         )

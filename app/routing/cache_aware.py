@@ -100,6 +100,7 @@ class CacheAware:
         floor = best_score / self._load_factor
         key = ctx.routing_key
         home, reason = best, "no_key"
+        top, top_score = best, best_score
         if key is not None:
             key_hash = _hash64(key)
             hashes = self._name_hashes
@@ -112,10 +113,10 @@ class CacheAware:
                     name_hash = hashes[worker.name] = _hash64(worker.name)
                 weight = ((key_hash ^ name_hash) * _MIX) & _MASK64
                 if weight > top_weight:
-                    top_weight = weight
+                    top, top_weight, top_score = worker, weight, score
                 if score >= floor and weight > home_weight:
                     home, home_weight = worker, weight
-            reason = "affinity" if home_weight == top_weight else "spill"
+            reason = "affinity" if home is top else "spill"
         blocks = ctx.prefix
         if blocks is None:
             return home, reason
@@ -132,11 +133,9 @@ class CacheAware:
         # A worker holding ``need`` tokens holds the block that reaches them: one lookup each
         # rules out every worker that does not.
         probe = index.probe(blocks, need)
-        if probe is None:
-            return home, reason
         choice, choice_held = home, need
         for worker, score in zip(workers, scores, strict=True):
-            if worker is home or not index.holds(worker.name, probe):
+            if probe is None or worker is home or not index.holds(worker.name, probe):
                 continue
             held = index.held_tokens(worker.name, blocks)
             if held < choice_held:
@@ -146,6 +145,16 @@ class CacheAware:
                 choice, choice_held = worker, held
         if choice is not home:
             return choice, "cache_hit"
+        if reason == "spill" and home_held <= lead:
+            # The prior every replica shares: a session with history lives on its key's first
+            # worker (where every replica sends it while it is in the band). Another replica may
+            # have sent it the history this one never saw, so that worker keeps it while the
+            # history it would save is worth the extra load, as it would on this one's index.
+            history = index.tokens(blocks.last) - lead
+            if history >= self._min_gain * (prompt - lead):
+                gain = history / prompt
+                if top_score >= floor / (1.0 + gain):
+                    return top, "affinity"
         return home, reason
 
     def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None:

@@ -33,13 +33,17 @@ class PrefixBlocks:
     policy that routed it (the worker's name and the prompt tokens it was estimated to hold), for
     the answer's ``cached_tokens`` to correct."""
 
-    __slots__ = ("ends", "keys", "lead", "picked", "size")
+    __slots__ = ("ends", "keys", "last", "lead", "picked", "size")
 
-    def __init__(self, keys: Sequence[int], ends: Sequence[int], size: int, lead: int = 0) -> None:
+    def __init__(
+        self, keys: Sequence[int], ends: Sequence[int], size: int, lead: int = 0, last: int = 0
+    ) -> None:
         self.keys = keys
         self.ends = ends
         self.size = size
         self.lead = lead
+        # Where the last turn (the parts ``new_parts`` named) begins: before it, the history.
+        self.last = last
         self.picked: tuple[str, int] | None = None
 
     def __len__(self) -> int:
@@ -47,12 +51,14 @@ class PrefixBlocks:
 
 
 def prefix_blocks(
-    parts: Sequence[Any], block: int = BLOCK_BYTES, *, lead_parts: int = 0
+    parts: Sequence[Any], block: int = BLOCK_BYTES, *, lead_parts: int = 0, new_parts: int = 0
 ) -> PrefixBlocks | None:
     """The block chain of ``parts`` (bytes-like); None when there is nothing to hash.
-    ``lead_parts``: how many leading parts make the shared lead."""
+    ``lead_parts``: how many leading parts make the shared lead; ``new_parts``: how many
+    trailing ones the last turn (a chat's last message: 2)."""
     keys: list[int] = []
-    lead = 0
+    lead = last = 0
+    last_at = len(parts) - new_parts
     ends: list[int] = []
     crc = 0
     pos = 0  # bytes fed so far
@@ -60,6 +66,8 @@ def prefix_blocks(
     for number, part in enumerate(parts):
         if number == lead_parts:
             lead = pos
+        if number == last_at:
+            last = pos
         view = memoryview(part)
         size = len(view) + 1
         start = 0
@@ -86,7 +94,9 @@ def prefix_blocks(
         return None
     if lead_parts >= len(parts):
         lead = pos
+    if last_at >= len(parts) or new_parts <= 0:
+        last = pos
     if not ends or ends[-1] != pos:
         keys.append(crc | pos << 32)
         ends.append(pos)
-    return PrefixBlocks(keys, ends, pos, lead)
+    return PrefixBlocks(keys, ends, pos, lead, last)

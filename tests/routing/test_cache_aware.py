@@ -41,7 +41,9 @@ class Session:
         return parts
 
     def ctx(self) -> RoutingContext:
-        return RoutingContext("m", f"s:{self.index}", prefix_blocks(self.parts(), lead_parts=2))
+        return RoutingContext(
+            "m", f"s:{self.index}", prefix_blocks(self.parts(), lead_parts=2, new_parts=2)
+        )
 
 
 def test_a_later_turn_shares_every_whole_block_of_the_earlier_one() -> None:
