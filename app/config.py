@@ -28,13 +28,16 @@ from pydantic_settings import (
 
 from app.auth import check_keys, read_keys_file
 from app.config_file import ConfigFileSource
-from app.media_policy import image_policy
+from app.media_policy import CLUSTER_SUFFIXES, cluster_suffixes, image_policy
+from app.model_names import check_alias
 from app.routing.config import RoutingConfig
 from app.tenants.config import TenantsConfig
 from app.tracing.config import TracingConfig
 
 ENV_PREFIX = "DFLASH_GATEWAY_"
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
+# Added to the embedded default's aliases: the names Claude Code sends on its own.
+EMBEDDED_CLAUDE_ALIAS = "claude-*"
 
 PolicyName = Literal[
     "least_inflight",
@@ -210,6 +213,12 @@ class LimitsConfig(_Section):
     # naming a denied field here allows it (e.g. lora_path on a multi-LoRA fleet).
     # Other unknown fields are dropped. Comma-separated in the environment.
     extra_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    # The keys chat_template_kwargs may hold: SGLang passes them to the tokenizer's
+    # apply_chat_template, where chat_template would replace the served template with the
+    # client's. The default is what Kimi-K2.5's template reads (thinking, its only switch) and
+    # the spelling SGLang writes beside it (enable_thinking). Another key is a 400 naming it.
+    # Comma-separated in the environment.
+    chat_template_kwargs: Annotated[tuple[str, ...], NoDecode] = ("thinking", "enable_thinking")
     # Client headers forwarded to workers besides traceparent, tracestate, baggage and
     # X-Emulator-Profile (app/proxy/headers.py); every other client header stays at the gateway.
     # Credentials, framing and hop-by-hop headers cannot be named. Comma-separated in the env.
@@ -219,6 +228,11 @@ class LimitsConfig(_Section):
     # hosts ("images.corp", "*.corp.example"), addresses or networks ("10.1.0.0/16"), or "*"
     # for any URL. A URL outside them is a 400. Comma-separated in the environment.
     image_url_allow: Annotated[tuple[str, ...], NoDecode] = ()
+    # Host name suffixes that are the cluster's own (its domain, svc and pod zones, namespaces):
+    # a media URL naming a host under one is a 400, as a worker's resolver would find a
+    # Service there (kubernetes.default, redis.prod) before any public name. Replaces the
+    # default: keep it and add the cluster's namespaces. Comma-separated in the environment.
+    image_url_cluster_suffixes: Annotated[tuple[str, ...], NoDecode] = CLUSTER_SUFFIXES
     # Per API key (by name): sustained requests/s with a burst, and requests in flight.
     key_rate_per_s: float | None = Field(None, gt=0)
     # Requests a key may send at once above its sustained rate (the size of its token bucket).
@@ -228,7 +242,14 @@ class LimitsConfig(_Section):
     # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
     redis_url: str | None = None
 
-    @field_validator("extra_fields", "forward_headers", "image_url_allow", mode="before")
+    @field_validator(
+        "extra_fields",
+        "forward_headers",
+        "image_url_allow",
+        "image_url_cluster_suffixes",
+        "chat_template_kwargs",
+        mode="before",
+    )
     @classmethod
     def _fields_csv(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -237,6 +258,12 @@ class LimitsConfig(_Section):
     @classmethod
     def _check_image_urls(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
         image_policy(entries)  # a ValueError names a bad entry
+        return entries
+
+    @field_validator("image_url_cluster_suffixes")
+    @classmethod
+    def _check_cluster_suffixes(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        cluster_suffixes(entries)  # a ValueError names a bad entry
         return entries
 
     @field_validator("forward_headers")
@@ -269,9 +296,16 @@ class ResponsesConfig(_Section):
     # Seconds a stored response stays readable after it completed.
     ttl_s: float = Field(3600.0, gt=0)
     # The in-process store's bounds (least recently used out first); a larger record is not kept.
+    # When the whole store is full, the key holding the most gives way.
     max_items: int = Field(10_000, ge=1)
-    # The in-process store's total size bound, in bytes of stored JSON.
+    # The in-process store's total size bound, in bytes of stored JSON (as max_items).
     max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
+    # Each API key's share of the store (memory and redis), in bytes of stored JSON: a key's
+    # write past it evicts that key's own oldest responses, never another key's; a larger record
+    # is not kept. Without API keys the whole gateway is one key.
+    key_max_bytes: int = Field(32 * 1024 * 1024, ge=64 * 1024)
+    # Each API key's share of the store in responses (memory and redis), as key_max_bytes.
+    key_max_items: int = Field(1000, ge=1)
 
 
 class AuthConfig(_Section):
@@ -423,6 +457,10 @@ class PDConfig(_Section):
     # How the decode worker is picked (decode capacity bounds concurrency): spare_capacity or
     # least_inflight.
     decode_policy: DecodePolicyName = "spare_capacity"
+    # Seconds a prefill worker has to finish its side of a request once the decode worker
+    # answered in full; then its side is aborted and counted as the prefill worker's timeout
+    # (towards opening its breaker: one that never finishes is taken out of rotation).
+    prefill_drain_s: float = Field(5.0, gt=0)
 
     @field_validator("prefill", "decode", mode="before")
     @classmethod
@@ -525,7 +563,10 @@ class Settings(BaseSettings):
     # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
     # while its spare capacity is at least 1/this of the best worker's.
     prefix_affinity_load_factor: float = Field(1.25, ge=1.0)
-    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5.
+    # Client-facing model names mapped to the served model, e.g. kimi-k2.5 -> moonshotai/Kimi-K2.5;
+    # a name ending in * is a prefix pattern (claude-*: every name starting with claude-). Left
+    # unset with the embedded default (make run), claude-* is added, so Claude Code answers with
+    # no ANTHROPIC_MODEL set; with real workers it is only what is written here (docs/agents.md).
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"kimi-k2.5": DEFAULT_MODEL}
     )
@@ -572,6 +613,16 @@ class Settings(BaseSettings):
     workers: WorkersConfig = WorkersConfig()
     responses: ResponsesConfig = ResponsesConfig()
     pd: PDConfig = PDConfig()
+
+    @model_validator(mode="after")
+    def _embedded_aliases(self) -> Settings:
+        """The embedded default with ``model_aliases`` unset also answers every ``claude-*``
+        name (what Claude Code sends when no ANTHROPIC_MODEL is set) with the emulated model."""
+        if self.embedded_default and "model_aliases" not in self.model_fields_set:
+            aliases = {**self.model_aliases, EMBEDDED_CLAUDE_ALIAS: self.embedded.model}
+            # Settings is frozen; this is its own validation, before anyone reads it.
+            object.__setattr__(self, "model_aliases", aliases)
+        return self
 
     @model_validator(mode="after")
     def _check_response_store(self) -> Settings:
@@ -667,6 +718,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"model alias {item!r} must look like alias=served-model")
             aliases[alias.strip()] = target.strip()
         return aliases
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _alias_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for alias in value:
+            check_alias(alias)
+        return value
 
     @property
     def embedded_default(self) -> bool:

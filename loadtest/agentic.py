@@ -44,10 +44,35 @@ from loadtest.stats import summarize
 CHARS_PER_TOKEN = 4  # the emulator's tokenizer
 MODEL = "kimi-k2.5"
 ROUTER = "sglang-router"
-_WORDS = (
-    "def class return import self value index worker cache prefix request token session "
-    "router module config test assert raise yield async await lambda dict list tuple none"
-).split()
+_WORDS = [
+    "def",
+    "class",
+    "return",
+    "import",
+    "self",
+    "value",
+    "index",
+    "worker",
+    "cache",
+    "prefix",
+    "request",
+    "token",
+    "session",
+    "router",
+    "module",
+    "config",
+    "test",
+    "assert",
+    "raise",
+    "yield",
+    "async",
+    "await",
+    "lambda",
+    "dict",
+    "list",
+    "tuple",
+    "none",
+]
 
 
 def _text(rng: random.Random, tokens: int) -> str:
@@ -411,9 +436,9 @@ def main(argv: list[str] | None = None) -> None:
     if problem:
         print(f"no plot: {problem}")
     elif args.docs_img:
-        target = Path(__file__).resolve().parent.parent / "docs" / "img" / "agentic.png"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(png, target)
+        docs_png = Path(__file__).resolve().parent.parent / "docs" / "img" / "agentic.png"
+        docs_png.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, docs_png)
     print(f"wrote {args.out / 'agentic.json'}" + ("" if problem else f" and {png}"))
 
 

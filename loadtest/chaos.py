@@ -246,8 +246,14 @@ async def references(config: ChaosConfig, worker: ManagedProcess) -> dict[tuple[
 
 
 async def one_request(
-    client: httpx.AsyncClient, gw: ManagedProcess, request_id: str, body: dict[str, Any]
+    client: httpx.AsyncClient,
+    gw: ManagedProcess,
+    request_id: str,
+    body: dict[str, Any],
+    begun: asyncio.Event | None = None,
 ) -> Outcome:
+    """One streamed request through the gateway, classified; ``begun`` is set once its first
+    data event arrived (the stream is past its commit point)."""
     out = Outcome(request_id, "failed")
     headers = {"x-request-id": request_id}
     try:
@@ -262,6 +268,8 @@ async def one_request(
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
                     events.append(line[6:].encode())
+                    if begun is not None:
+                        begun.set()
     except httpx.HTTPError as exc:
         out.detail = f"transport: {type(exc).__name__}"
         return out

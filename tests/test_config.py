@@ -21,7 +21,8 @@ def test_defaults_select_the_embedded_default() -> None:
     assert (s.host, s.port, s.policy, s.processes) == ("127.0.0.1", 8000, "least_inflight", 1)
     assert s.worker_urls == []
     assert s.embedded_default
-    assert s.model_aliases == {"kimi-k2.5": "moonshotai/Kimi-K2.5"}
+    # make run answers Claude Code's own model names (claude-opus-..., claude-sonnet-...).
+    assert s.model_aliases == {"kimi-k2.5": "moonshotai/Kimi-K2.5", "claude-*": s.embedded.model}
     assert s.admission.per_worker_cap is None  # each worker's own max_running_requests
 
 
@@ -39,6 +40,15 @@ def test_env_lists_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert s.model_aliases == {"kimi": "moonshotai/Kimi-K2.5", "k2": "x/y"}
     assert not s.embedded_default
+
+
+def test_claude_pattern_is_the_embedded_defaults_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With real workers, or aliases written out, the aliases are exactly what was written."""
+    monkeypatch.setenv("DFLASH_GATEWAY_WORKER_URLS", "http://a:30000")
+    assert load_settings().model_aliases == {"kimi-k2.5": "moonshotai/Kimi-K2.5"}
+    monkeypatch.delenv("DFLASH_GATEWAY_WORKER_URLS")
+    monkeypatch.setenv("DFLASH_GATEWAY_MODEL_ALIASES", "kimi=moonshotai/Kimi-K2.5")
+    assert load_settings().model_aliases == {"kimi": "moonshotai/Kimi-K2.5"}
 
 
 def test_env_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,6 +98,8 @@ def test_toml_config_file(tmp_path: Path) -> None:
         ({"worker_urls": ["ftp://w:1"]}, "must start with http"),
         ({"worker_urls": ["http://a:1", "http://a:1/"]}, "distinct"),
         ({"model_aliases": "broken"}, "alias=served-model"),
+        ({"model_aliases": "*=x/y"}, "would serve every name"),
+        ({"model_aliases": "cl*ude=x/y"}, "may only end a pattern"),
     ],
 )
 def test_invalid_values_give_clear_messages(overrides: dict[str, object], needle: str) -> None:

@@ -61,3 +61,30 @@ def test_no_store_by_default_and_redis_needs_a_url() -> None:
         Settings(responses={"store": "redis"})
     with pytest.raises(ValueError, match="one process"):
         Settings(responses={"store": "memory"}, processes=2)
+
+
+async def test_each_key_has_its_own_share_and_a_full_store_takes_from_the_largest() -> None:
+    config = ResponsesConfig(
+        store="memory", max_bytes=1024 * 1024, key_max_bytes=300 * 1024, key_max_items=3
+    )
+    store = MemoryStore(config, Clock())
+    store.save("b", "b1", record(100 * 1024))
+    for i in range(10):  # far past a's share: only a's own oldest go
+        store.save("a", f"a{i}", record(100 * 1024))
+    assert await store.get("b", "b1") is not None
+    assert await store.get("a", "a6") is None and await store.get("a", "a9") is not None
+    for i in range(3):  # items: a's share is three responses
+        store.save("a", f"small{i}", record())
+    assert await store.get("a", "a9") is None and await store.get("a", "small0") is not None
+    # The whole store full: the key holding the most gives way, the writer among equals.
+    for name in ("c", "d", "e", "f"):
+        for i in range(2):
+            store.save(name, f"{name}{i}", record(120 * 1024))
+    # f's second write passed 1 MiB: c, d, e and f hold as much, f (the writer) gave way.
+    assert await store.get("f", "f0") is None and await store.get("f", "f1") is not None
+    assert await store.get("c", "c0") is not None
+    assert await store.get("b", "b1") is not None
+    store.save("b", "b2", record(100 * 1024))  # past 1 MiB again: the largest holder gives way
+    assert await store.get("b", "b1") is not None and await store.get("b", "b2") is not None
+    held = [await store.get(n, f"{n}{i}") is not None for n in ("c", "d", "e") for i in (0, 1)]
+    assert held.count(False) == 1

@@ -52,6 +52,7 @@ import orjson
 from app.errors import InvalidRequest
 from app.media_policy import DEFAULT_POLICY, ImagePolicy
 from app.proxy.media import check_image_url
+from app.proxy.metadata import check_metadata
 
 # The fields translated (the rest are dropped); count_tokens reads the first six.
 COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
@@ -394,6 +395,7 @@ def _sampling(body: dict[str, Any], chat: dict[str, Any]) -> None:
             raise _fail("top_k: must be an integer", "top_k")
         chat["top_k"] = top_k
     metadata = body.get("metadata")
+    check_metadata(metadata, nulls=True)
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         chat["user"] = metadata["user_id"]
 

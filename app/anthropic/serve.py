@@ -29,6 +29,7 @@ from app.door.keys import ANTHROPIC_KEY_TEXTS
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.media_policy import image_policy
+from app.model_names import resolve
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape, TranslatedSurface
 from app.routing.keys import SESSION_HEADER
@@ -98,7 +99,7 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
     count = path == COUNT_ROUTE
-    images = image_policy(limits.image_url_allow)
+    images = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
     translated = translate(body, max_messages=limits.max_messages, count_only=count, images=images)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
@@ -108,7 +109,7 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
         surface = MESSAGES_NO_THINKING_TEXT if translated.omit_thinking else MESSAGES
         return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=surface)
     model = translated.chat["model"]
-    served = aliases.get(model, model)
+    served = resolve(aliases, model)
     fields = {name: body[name] for name in COUNTED if name in body}
     fields["model"] = served
     head = orjson.dumps(fields)[:-1] + b","

@@ -4,6 +4,7 @@ the OpenAI ones are ``app.openai.schema``'s models)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from app.config import Settings
+from app.model_names import is_pattern, usable
 
 
 def openapi_document(
@@ -39,10 +41,15 @@ def openapi_document(
             properties["messages"]["maxItems"] = settings.limits.max_messages
     gateway = app.state.gateway
     served = gateway.pool.served_models()
-    models = [*served, *(a for a, t in settings.model_aliases.items() if t in served)]
+    names = usable(served, settings.model_aliases)
+    models = [name for name in names if not is_pattern(name)]
+    prefixes = [re.escape(name[:-1]) for name in names if is_pattern(name)]
     if models:  # the names a request may use now (others are 404)
         for properties in fields:
-            if "model" in properties:
+            if "model" in properties and prefixes:  # a pattern alias: any name it matches
+                pattern = {"type": "string", "pattern": f"^({'|'.join(prefixes)})"}
+                properties["model"]["anyOf"] = [{"enum": models}, pattern]
+            elif "model" in properties:
                 properties["model"]["enum"] = models
     if not gateway.keys.open:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

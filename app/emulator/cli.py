@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from app.emulator.asgi import ConnectionDrop
+from app.emulator.cache import DEFAULT_PAGE_SIZE
 from app.emulator.disagg import (
     DEFAULT_BOOTSTRAP_PORT,
     MODES,
@@ -21,7 +22,12 @@ from app.emulator.disagg import (
 from app.emulator.engine import Timing
 from app.emulator.faults import COLLAPSED_ACCEPT_LENGTH, Faults
 from app.emulator.profiles import PROFILE_NAMES
-from app.emulator.worker import DEFAULT_MODEL, DEFAULT_PORT, EmulatorConfig
+from app.emulator.worker import (
+    DEFAULT_MAX_TOTAL_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_PORT,
+    EmulatorConfig,
+)
 from app.sockets import listen
 
 
@@ -123,6 +129,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action=argparse.BooleanOptionalAction,
         default=True,
         help="report usage.prompt_tokens_details.cached_tokens (default on)",
+    )
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOTAL_TOKENS,
+        help="KV pool size in tokens, shared by the prefix cache and the running requests; "
+        f"the least recently used cached pages go beyond it (default {DEFAULT_MAX_TOTAL_TOKENS})",
+    )
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=DEFAULT_PAGE_SIZE,
+        help="tokens per KV page: the prefix cache matches and evicts whole pages "
+        f"(default {DEFAULT_PAGE_SIZE}, as SGLang sets for trtllm_mla)",
     )
     p.add_argument(
         "--api-key",
@@ -240,6 +260,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         replay_tokens=args.replay_tokens,
         replay_chunk_interval_s=args.replay_chunk_interval_s,
         enable_cache_report=args.enable_cache_report,
+        max_total_tokens=args.max_total_tokens,
+        page_size=args.page_size,
         enable_priority_scheduling=args.enable_priority_scheduling,
         abort_on_priority_when_disabled=args.abort_on_priority_when_disabled,
         api_key=args.api_key,

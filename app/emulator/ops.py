@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.emulator import render
 from app.emulator.asgi import TEXT, Receive, Scope, Send, query, read_body, respond, respond_json
-from app.emulator.worker import CONTEXT_LEN, MAX_TOTAL_NUM_TOKENS, SGLANG_VERSION, Worker
+from app.emulator.worker import CONTEXT_LEN, SGLANG_VERSION, Worker
 
 _VALID_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
@@ -76,7 +76,8 @@ def server_args(worker: Worker) -> dict[str, Any]:
         "enable_priority_scheduling": c.enable_priority_scheduling,
         "abort_on_priority_when_disabled": c.abort_on_priority_when_disabled,
         "schedule_low_priority_values_first": False,
-        "max_total_tokens": MAX_TOTAL_NUM_TOKENS,
+        "max_total_tokens": c.max_total_tokens,
+        "page_size": c.page_size,
         "mem_fraction_static": 0.9,
         "attention_backend": "trtllm_mla",
         "speculative_algorithm": "DFLASH",
@@ -99,14 +100,21 @@ def server_args(worker: Worker) -> dict[str, Any]:
 
 async def server_info(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
     worker.window.roll()
+    c = worker.config
     state = {
         "avg_spec_accept_length": worker.avg_accept_length,
         "last_gen_throughput": worker.window.throughput,
         "num_running_reqs": worker.scheduler.running,
         "num_waiting_reqs": worker.scheduler.waiting,
+        "effective_max_running_requests_per_dp": c.max_running_requests,
+        "memory_usage": {"token_capacity": c.max_total_tokens, "token_capacity_swa": None},
     }
     info = {
         **server_args(worker),
+        # The scheduler's handshake (``scheduler.py`` ``get_init_info``): the pool's real size.
+        "status": "ready",
+        "max_total_num_tokens": c.max_total_tokens,
+        "max_req_input_len": min(CONTEXT_LEN, c.max_total_tokens) - 1,
         "startup_time": worker.started,
         "internal_states": [state],
         "version": SGLANG_VERSION,
@@ -148,6 +156,7 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
         return
     s = worker.scheduler
     used = worker.running_tokens
+    capacity = worker.config.max_total_tokens
     worker.window.roll()
     load: dict[str, Any] = {
         "timestamp": worker.clock.time(),
@@ -159,11 +168,13 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
         "num_total_tokens": used,
         "num_active_tokens": used,
         "num_prealloc_ready_tokens": 0,
-        "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+        "max_total_num_tokens": capacity,
         "max_running_requests": s.max_running,
-        "token_usage": min(1.0, used / MAX_TOTAL_NUM_TOKENS),
+        # SGLang's pool usage: tokens held by running requests (cached pages they lock
+        # included), not the evictable cache (``pool_stats_observer.py``).
+        "token_usage": round(min(1.0, used / capacity), 4),
         "gen_throughput": worker.window.throughput,
-        "cache_hit_rate": worker.cache.hit_rate,
+        "cache_hit_rate": round(worker.cache.hit_rate, 4),
         "utilization": s.running / s.max_running,
         "total_prefill_uncached_tokens": 0,
         "total_prefill_busy_us": 0,

@@ -78,6 +78,7 @@ class Session:
         self._step_factor = worker.step_factors.get(self.profile, 1.0)
         self.prompt_tokens = req.prompt_tokens + self.gen.prefix_tokens
         self.cached_tokens = 0
+        self._cache_path: list[bytes] = []  # the prompt's cached pages, locked while it runs
         self.first_token: float | None = None
         self.prefill_s = 0.0
         self.decode_s = 0.0  # the verify steps' modelled durations, summed
@@ -141,11 +142,29 @@ class Session:
         self._counted_tokens = self.prompt_tokens
         if not prefill:
             return  # a decode server's KV came from the prefill server
-        keys = w.cache.keys(self.req.prompt)
-        self.cached_tokens = w.cache.match(keys, self.prompt_tokens)
-        w.cache.insert(keys)
+        cache = w.cache
+        keys = cache.keys(self.req.prompt)
+        self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
+        self._hold(held)
         self.prefill_s = w.timing.prefill_s(self.prompt_tokens - self.cached_tokens)
         await asyncio.sleep(self.prefill_s)
+        if self.active.aborted:
+            return
+        # The prompt's pages enter the cache once its prefill is done (SGLang's
+        # ``cache_unfinished_req``), its KV no longer counted outside the cache.
+        path = cache.insert(self.req.prompt, keys, held, w.running_tokens - w.cached_running_tokens)
+        self._release_path()
+        self._hold(path)
+
+    def _hold(self, path: list[bytes]) -> None:
+        self._cache_path = path
+        self.worker.cached_running_tokens += len(path) * self.worker.cache.page_size
+
+    def _release_path(self) -> None:
+        w = self.worker
+        w.cache.unlock(self._cache_path)
+        w.cached_running_tokens -= len(self._cache_path) * w.cache.page_size
+        self._cache_path = []
 
     async def steps(self) -> AsyncIterator[Step]:
         w = self.worker
@@ -228,6 +247,7 @@ class Session:
             self._holding_slot = False
         w.scheduler.unregister(self.active)
         w.running_tokens -= self._counted_tokens
+        self._release_path()
         gen = self.gen
         steps = self.verify_steps
         e2e = w.clock.monotonic() - self.active.started_mono

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.emulator.cache import PrefixCache
+from app.emulator.cache import DEFAULT_PAGE_SIZE, PrefixCache
 from app.emulator.disagg import DisaggConfig
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
@@ -23,7 +23,7 @@ from app.emulator.vllm import VLLMMetrics
 DEFAULT_PORT = 30000
 DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 CONTEXT_LEN = 262144
-MAX_TOTAL_NUM_TOKENS = 1_000_000
+DEFAULT_MAX_TOTAL_TOKENS = 1_000_000
 SGLANG_VERSION = "0.5.23"
 
 
@@ -48,6 +48,10 @@ class EmulatorConfig:
     step_time_scale: float = 1.0
     accept_scale: float = 1.0
     enable_cache_report: bool = True
+    # The KV pool's size in tokens (SGLang's --max-total-tokens) and its page size (--page-size):
+    # the prefix cache and the running requests share it (``app.emulator.cache``).
+    max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS
+    page_size: int = DEFAULT_PAGE_SIZE
     # SGLang's --enable-priority-scheduling / --abort-on-priority-when-disabled (engine.py).
     enable_priority_scheduling: bool = False
     abort_on_priority_when_disabled: bool = False
@@ -74,6 +78,10 @@ class EmulatorConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError("max_queued_requests must be >= 0")
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.max_total_tokens < self.page_size:
+            raise ValueError("max_total_tokens must be at least one page")
         if self.engine not in ("sglang", "vllm"):
             raise ValueError(f"unknown engine {self.engine!r}; one of sglang, vllm")
         self.faults.validate()
@@ -115,7 +123,7 @@ class Worker:
             priority_scheduling=config.enable_priority_scheduling,
             abort_on_priority=config.abort_on_priority_when_disabled,
         )
-        self.cache = PrefixCache(MAX_TOTAL_NUM_TOKENS)
+        self.cache = PrefixCache(config.max_total_tokens, config.page_size)
         self.faults = Faults(**config.faults.snapshot())
         self.gate = Gate()
         self.stats = StatsBook(config.stats_file)
@@ -130,6 +138,9 @@ class Worker:
         self.total_tokens = 0
         self.total_steps = 0
         self.running_tokens = 0
+        # Of those, the tokens in the running requests' locked cache pages (shared pages once
+        # per request): the rest is the KV they hold outside the cache.
+        self.cached_running_tokens = 0
         self.window = RateWindow(self.clock)
         # The prefill or decode role's state (rooms, handshakes); None for a whole worker.
         self.disagg: Side | None = make_side(
@@ -159,7 +170,7 @@ class Worker:
             waiting=s.waiting,
             max_running=s.max_running,
             used_tokens=self.running_tokens,
-            max_total_tokens=MAX_TOTAL_NUM_TOKENS,
+            max_total_tokens=self.config.max_total_tokens,
             cache_hit_rate=self.cache.hit_rate,
         )
         if self.disagg is not None and isinstance(self.metrics, EmulatorMetrics):

@@ -19,6 +19,13 @@ template rendered on the worker). A name listed in
 
 Anything else is dropped: not forwarded, counted, logged at debug with its name.
 
+``chat_template_kwargs`` is passed by SGLang (and vLLM) into the tokenizer's
+``apply_chat_template(...)`` as keyword arguments: a ``chat_template`` there replaces the served
+template (client Jinja rendered on the worker), and other names reach the tokenizer or the
+template as variables. Its keys must be on ``limits.chat_template_kwargs`` (by default what
+Kimi-K2.5's template and the workers' reasoning switch read: ``thinking``, and ``enable_thinking``,
+which SGLang sets beside it); any other key is a 400 naming it (``check_template_kwargs``).
+
 The decoders below read a body's top level as raw byte spans (msgspec), typed only where the
 gateway reads a value; ``app.proxy.request`` uses them.
 """
@@ -31,6 +38,8 @@ from typing import Any, Literal
 
 import msgspec
 import orjson
+
+from app.errors import InvalidRequest
 
 COMMON = frozenset(
     {
@@ -184,6 +193,27 @@ def schema_for(chat: bool, extra: tuple[str, ...]) -> Schema:
         key_of={name: b"," + orjson.dumps(name) + b":" for name in names},
         denied=denied,
     )
+
+
+_KWARGS = msgspec.json.Decoder(dict[str, msgspec.Raw] | None)
+
+
+def check_template_kwargs(raw: Any, allowed: tuple[str, ...]) -> None:
+    """Refuse (``InvalidRequest``, 400 naming it) a ``chat_template_kwargs`` that is neither an
+    object nor null, or one holding a key (decoded, as the worker reads it) not in ``allowed``."""
+    field = "chat_template_kwargs"
+    try:
+        kwargs = _KWARGS.decode(raw)
+    except msgspec.ValidationError:
+        raise InvalidRequest(f"{field}: must be an object", param=field) from None
+    for key in kwargs or ():
+        if key not in allowed:
+            shown = ", ".join(allowed) or "none"
+            raise InvalidRequest(
+                f"{field}.{key[:64]}: not accepted by this gateway (accepted: {shown}; "
+                "see limits.chat_template_kwargs)",
+                param=f"{field}.{key[:64]}",
+            )
 
 
 @functools.cache

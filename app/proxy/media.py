@@ -9,12 +9,18 @@ services or local files. By default a URL must be
 - a ``data:`` URL (the image itself), or
 - an ``https:`` URL whose host is a public DNS name or a public IP address: not an IP literal in
   a private, loopback, link-local, shared, multicast or reserved range (IPv4 in any of the forms
-  a resolver accepts, e.g. ``2130706433`` or ``127.1``; IPv6, IPv4-mapped included), not
-  ``localhost``, a name without a dot (resolved through the workers' search domains: cluster
-  services) or a name under ``.localhost``, ``.local``, ``.localdomain``, ``.internal``,
-  ``.intranet``, ``.lan``, ``.home.arpa`` or ``.svc``; with no userinfo (``user@``), no
-  backslash, whitespace or control characters, and written in lower case as the worker matches
-  it.
+  a resolver accepts, e.g. ``2130706433`` or ``127.1``; IPv6, and every IPv6 form that embeds
+  an IPv4 address: IPv4-mapped, -translated and -compatible and NAT64 ``64:ff9b::/96`` (all
+  reserved), NAT64's local ``64:ff9b:1::/48``, Teredo and site-local ``fec0::/10`` always,
+  6to4 ``2002::/16`` unless the IPv4 address it embeds is public); not ``localhost``, a name
+  without a dot (resolved through the workers' search domains: cluster services), a name under
+  ``.localhost``, ``.local``, ``.localdomain``, ``.internal``, ``.intranet``, ``.lan`` or
+  ``.home.arpa``, or a name of the cluster's own (``limits.image_url_cluster_suffixes``: by
+  default ``.svc``, ``.pod``, ``.cluster.local`` and the namespaces every cluster has,
+  ``.default`` -- ``kubernetes.default`` -- and ``.kube-*``; Kubernetes resolves
+  ``service.namespace`` to that Service, so list the cluster's namespaces there); with no
+  userinfo (``user@``), no backslash, whitespace or control characters, and written in lower
+  case as the worker matches it.
 
 A DNS name is not resolved here: a public name that resolves to an internal address, or a
 public URL that redirects to one, still reaches the worker. Resolving would not close that (the
@@ -54,14 +60,35 @@ _INTERNAL_SUFFIXES = (
     ".intranet",
     ".lan",
     ".home.arpa",
-    ".svc",
+)
+# IPv6 networks whose addresses carry an IPv4 address in their last 32 bits (IPv4-compatible
+# ``::/96`` is tested apart: its first 96 bits are zero), or in bits 16-48 (6to4).
+_LOW_V4 = (
+    ipaddress.IPv6Network("::ffff:0:0/96"),  # IPv4-mapped
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT)
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64, well-known prefix
+)
+# Never public, whatever they embed: NAT64's local-use prefix (the IPv4 may sit anywhere),
+# Teredo (a tunnel to an IPv4 host) and the deprecated site-local range.
+_NEVER_V6 = (
+    ipaddress.IPv6Network("64:ff9b:1::/48"),
+    ipaddress.IPv6Network("2001::/32"),
+    ipaddress.IPv6Network("fec0::/10"),
 )
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
 _LEGACY_IPV4 = re.compile(r"[0-9a-fx.]+")
 # The content parts whose URL a worker fetches.
 MEDIA_PARTS = ("image_url", "video_url", "audio_url")
-MARKER = b'_url"'  # in every part's key: a body without it has no media URL at all
-_MARKER = re.compile(re.escape(MARKER))  # searches a buffer without copying it
+# Whether a JSON span may hold a media part, decided soundly without decoding it: a part's key
+# written plainly ends in ``_url"``; written any other way (``"image\\u005furl"``) it holds a
+# backslash. A span with neither has no media part; any other is decoded and its decoded keys
+# decide (never the raw bytes: the worker decodes escapes).
+_MAY_HOLD_MEDIA = re.compile(rb'_url"|\\')  # searches a buffer without copying it
+
+
+def may_hold_media(span: Any) -> bool:
+    """Whether the JSON text ``span`` (bytes-like) may hold a media part (see above)."""
+    return _MAY_HOLD_MEDIA.search(span) is not None
 
 
 def _refuse(field: str, why: str) -> InvalidRequest:
@@ -108,15 +135,39 @@ def _host_allowed(host: str, policy: ImagePolicy) -> bool:
     if address is not None:
         if any(address in network for network in policy.networks):
             return True
-        mapped = getattr(address, "ipv4_mapped", None)
-        return _public(address) and (mapped is None or _public(mapped))
-    if host in policy.names or any(
-        host.endswith(suffix) or host == suffix[1:] for suffix in policy.suffixes
-    ):
+        return _public(address) and all(map(_public, _embedded(address)))
+    if host in policy.names or _under(host, policy.suffixes):
         return True
     if not HOST_NAME.fullmatch(host):  # percent-encoding, unicode, stray characters
         return False
-    return "." in host and host != "localhost" and not host.endswith(_INTERNAL_SUFFIXES)
+    return (
+        "." in host
+        and host != "localhost"
+        and not host.endswith(_INTERNAL_SUFFIXES)
+        and not _under(host, policy.cluster)
+    )
+
+
+def _under(host: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether ``host`` is one of ``suffixes`` (each ``.suffix``) or a name under one."""
+    return any(host.endswith(suffix) or host == suffix[1:] for suffix in suffixes)
+
+
+def _embedded(address: IPAddress) -> list[IPAddress]:
+    """The IPv4 addresses an IPv6 ``address`` carries (a tunnel or translation reaches them);
+    for one that may carry an address where it cannot be told, the unspecified address (never
+    public)."""
+    if address.version == 4:
+        return []
+    assert isinstance(address, ipaddress.IPv6Address)
+    low = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if int(address) >> 32 == 0 or any(address in network for network in _LOW_V4):
+        return [low]  # IPv4-compatible (::1 and :: are refused as loopback, unspecified)
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if any(address in network for network in _NEVER_V6):
+        return [ipaddress.IPv4Address(0)]
+    return []
 
 
 def _public(address: IPAddress) -> bool:
@@ -126,6 +177,7 @@ def _public(address: IPAddress) -> bool:
         or address.is_unspecified
         or address.is_loopback
         or address.is_link_local
+        or getattr(address, "is_site_local", False)
     )
 
 
@@ -162,13 +214,14 @@ _ANY = msgspec.json.Decoder()
 def check_chat_media(contents: Sequence[Any], policy: ImagePolicy) -> None:
     """Check the media URLs of a chat request's messages (``contents``: each message's raw
     ``content`` span): every ``image_url``/``video_url``/``audio_url`` part's ``url`` (or the
-    part's value, when a string). Only contents that hold a part key are decoded."""
+    part's value, when a string), found by the decoded keys. Only contents that may hold a part
+    (``may_hold_media``) are decoded."""
     for i, content in enumerate(contents):
         view = memoryview(content)
-        if not view or view[0] != ord("[") or _MARKER.search(view) is None:
+        if not view or view[0] != ord("[") or not may_hold_media(view):
             continue
         for j, item in enumerate(_RAW_LIST.decode(view)):
-            if not item or memoryview(item)[0] != ord("{") or _MARKER.search(item) is None:
+            if not item or memoryview(item)[0] != ord("{") or not may_hold_media(item):
                 continue
             part = _PART.decode(item)
             for name in MEDIA_PARTS:

@@ -15,7 +15,10 @@ before the commit point; D failing, the client leaving, or a deadline ending the
 P's side, which is aborted on P. D's first-byte deadline covers its wait for the room, so no
 request leaves a decode waiting for a room nobody fills; while P has not answered, that deadline
 is P's failure (``Pair.overdue``: P's timeout, no verdict on D, the retry avoids P). Once D
-answered in full, P's side gets ``timeouts.first_byte_s`` more to finish before it is aborted.
+answered in full, P's side gets ``pd.prefill_drain_s`` more to finish; then it is aborted on P and
+counted as P's timeout, so a prefill worker that takes requests and never finishes them holds no
+socket, task or in-flight slot for long, and its breaker opens after
+``breaker.failure_threshold`` of them (it is no longer picked).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class Disaggregation:
         self._clock = clock
         self._spawn = spawn
         self._abort = abort
-        self._grace_s = settings.timeouts.first_byte_s
+        self._drain_s = settings.pd.prefill_drain_s
         self._answer_limit = min(_MAX_PREFILL_ANSWER, settings.limits.max_response_bytes)
         self.tasks: set[asyncio.Task[None]] = set()  # prefill sides still running
 
@@ -137,6 +140,7 @@ class Pair:
         "_attempt",
         "_chunks_at_bind",
         "_decode_closed",
+        "_drained",
         "_fields",
         "_overdue",
         "_pd",
@@ -180,6 +184,7 @@ class Pair:
         self._written = False
         self._decode_closed = False
         self._overdue = False  # D's deadline passed while P kept its room empty: P's fault
+        self._drained = False  # D answered, P did not finish within pd.prefill_drain_s: P's fault
         self.failed: UpstreamError | None = None  # how the prefill side failed, if it did
         self.sent_at: float | None = None  # both sides started
         self.prefill_done: float | None = None  # P's answer read to its end
@@ -289,8 +294,15 @@ class Pair:
                     )
                 return
             except asyncio.CancelledError:
-                if self._overdue:  # D timed out waiting for this side: P's fault
+                if self._overdue or self._drained:  # D waited, or answered, and P never did
                     outcome, verdict.fault = Outcome.TIMEOUT, True
+                if self._drained:
+                    log.info(
+                        "prefill side of %s on %s did not finish %gs after its decode side",
+                        attempt.rid,
+                        worker.name,
+                        pd._drain_s,
+                    )
                 if self._written:
                     pd._spawn(pd._abort(worker, attempt.rid))
                 raise
@@ -324,16 +336,24 @@ class Pair:
 
     def close(self, attempt: Attempt) -> None:
         """The decode side ended: P's side is cancelled (aborted on P) unless D answered in
-        full, in which case it has ``timeouts.first_byte_s`` more to finish."""
+        full, in which case it has ``pd.prefill_drain_s`` more to finish (``_drain_over``)."""
         self._decode_closed = True
         task = self._task
         if task is None or task.done():
             self.record_kv_wait()
             return
         if attempt.outcome is Outcome.OK:
-            timer = task.get_loop().call_later(self._pd._grace_s, task.cancel)
+            timer = task.get_loop().call_later(self._pd._drain_s, self._drain_over)
             task.add_done_callback(lambda _: timer.cancel())
         else:
+            task.cancel()
+
+    def _drain_over(self) -> None:
+        """P's side did not finish in its time after D answered: cancelled, it is aborted on P
+        and counted as P's timeout."""
+        task = self._task
+        if task is not None and not task.done():
+            self._drained = True
             task.cancel()
 
     def record_kv_wait(self) -> None:

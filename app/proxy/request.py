@@ -33,6 +33,7 @@ import orjson
 from app.config import LimitsConfig
 from app.errors import InvalidRequest
 from app.media_policy import image_policy
+from app.model_names import resolve
 from app.proxy.bounds import choices, patch_max_tokens
 from app.proxy.fields import (
     ABSENT,
@@ -41,9 +42,11 @@ from app.proxy.fields import (
     Schema,
     StreamOptions,
     capped,
+    check_template_kwargs,
     schema_for,
 )
-from app.proxy.media import MARKER, check_chat_media
+from app.proxy.media import check_chat_media, may_hold_media
+from app.proxy.metadata import check_raw_metadata
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
 from app.tenants.config import PRIORITIES
 
@@ -153,6 +156,8 @@ def parse_request(
     model = body.model
     if not isinstance(model, str) or not model:
         raise _fail("model: a non-empty string is required", "model")
+    if body.metadata:  # absent: an empty span
+        check_raw_metadata(body.metadata)
     if route is Route.CHAT:
         conversation = _check_messages(body.messages)
         messages = body.messages
@@ -160,19 +165,22 @@ def parse_request(
             messages = _MESSAGES.decode(spans.messages)
             conversation = _leading(messages)
         prefix = _prompt_spans(body.tools, messages)
-        if MARKER in raw:  # a media part somewhere: each one's URL must be allowed
-            policy = image_policy(limits.image_url_allow)
+        if may_hold_media(raw):  # maybe a media part somewhere: each one's URL must be allowed
+            policy = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
             check_chat_media([message.content for message in body.messages], policy)
     else:
         prompt = body.prompt if spans is None else spans.prompt
         conversation = _check_prompt(prompt, limits.max_n)
         prefix = (prompt,)
+    template_kwargs = getattr(body, "chat_template_kwargs", ABSENT)
+    if template_kwargs:
+        check_template_kwargs(template_kwargs, limits.chat_template_kwargs)
     stream = bool(body.stream)
     options = body.stream_options or None
     client_wants_usage = options is not None and options.include_usage is True
 
     patch: dict[str, bytes] = {}
-    served = aliases.get(model, model)
+    served = resolve(aliases, model)
     if served != model:
         patch["model"] = orjson.dumps(served)
     max_tokens = patch_max_tokens(body, _TOKEN_FIELDS[route], limits, patch)

@@ -39,9 +39,10 @@ Refused with a 400 naming the field (they would change the answer and cannot be 
 ``background: true``, ``conversation``, ``prompt``, ``max_tool_calls``, ``top_logprobs``,
 ``truncation: "auto"``, ``include: ["message.output_text.logprobs"]``, and ``previous_response_id``
 when no store is configured. Accepted and ignored (they do not change the answer): ``metadata``
-(echoed), ``store`` (a hint: kept when a store is configured), ``include`` (other values),
-``prompt_cache_key`` (a routing key), ``prompt_cache_retention``, ``safety_identifier``,
-``service_tier``, ``stream_options``, ``text.verbosity``, ``client_metadata``,
+(echoed and stored; bounded as OpenAI bounds it, ``app.proxy.metadata``), ``store`` (a hint: kept
+when a store is configured), ``include`` (other values), ``prompt_cache_key`` (a routing key),
+``prompt_cache_retention``, ``safety_identifier``, ``service_tier``, ``stream_options``,
+``text.verbosity``, ``client_metadata``,
 ``truncation: "disabled"``. Any other field is dropped (``Translated.dropped`` names the first;
 counted like the chat route's).
 
@@ -58,6 +59,7 @@ from typing import Any
 import orjson
 
 from app.errors import InvalidRequest
+from app.proxy.metadata import check_metadata
 from app.responses.items import input_messages
 from app.responses.tools import echo_tools, tool_choice, tools
 
@@ -207,8 +209,7 @@ def translate(
     if store is not None and not isinstance(store, bool):
         raise _fail("store: must be a boolean", "store")
     metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise _fail("metadata: must be an object", "metadata")
+    check_metadata(metadata)
     echo.update(
         instructions=instructions if isinstance(instructions, str) else None,
         metadata=metadata or {},

@@ -83,9 +83,32 @@ def _saver(
     def save(response: dict[str, Any]) -> None:
         turn = assistant_turn(response, ctx)
         messages = [*conversation, turn] if turn is not None else conversation
-        store.save(key, ctx.id, {"response": response, "messages": messages})
+        # Serialised once: the record embeds these bytes and keeps their size, which bounds a
+        # later request continuing from it before that request is built (``_check_expanded``).
+        data = orjson.dumps(messages)
+        record = {"response": response, "messages": orjson.Fragment(data), "size": len(data)}
+        store.save(key, ctx.id, record)
 
     return save
+
+
+def _stored_size(record: dict[str, Any]) -> int:
+    """The JSON size of a stored record's messages (kept with it; measured for a record saved
+    without it)."""
+    size = record.get("size")
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        return size
+    return len(orjson.dumps(record["messages"]))
+
+
+def _too_large(limit: int, stored: int, sent: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"previous_response_id: the stored conversation ({stored} bytes) and this request "
+        f"({sent} bytes) come to more than limits.max_body_bytes ({limit} bytes), the most one "
+        "request may send to a worker; start a new conversation with less input",
+        param="previous_response_id",
+        code="request_too_large",
+    )
 
 
 async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
@@ -93,6 +116,7 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
     body = load(raw)
     store = gw.responses
     history = None
+    stored = 0  # the JSON size of the stored conversation continued
     previous = body.get("previous_response_id")
     if isinstance(previous, str) and previous:
         if store is None:
@@ -109,6 +133,11 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
                 code="previous_response_not_found",
             )
         history = record["messages"]
+        # Bounded before the expanded request is built: the stored messages' size plus this
+        # body's (what the new turn adds is at most the body it came in).
+        stored = _stored_size(record)
+        if stored + len(raw) > limits.max_body_bytes:
+            raise _too_large(limits.max_body_bytes, stored, len(raw))
     translated = translate(body, max_messages=limits.max_messages, history=history)
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
@@ -120,6 +149,8 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
         chat = orjson.dumps(translated.chat)
     except orjson.JSONEncodeError:
         raise InvalidRequest("request body is nested too deeply") from None
+    if history is not None and len(chat) > limits.max_body_bytes:  # the items' framing
+        raise _too_large(limits.max_body_bytes, stored, len(raw))
     surface = ResponsesSurface(ctx)
     return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=surface)
 

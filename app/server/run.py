@@ -27,6 +27,7 @@ from app.config import Settings
 from app.door.reject import refusals
 from app.gateway import Gateway
 from app.main import create_app
+from app.model_names import is_pattern
 from app.server.embedded import EmbeddedStartError, EmbeddedWorkers
 from app.server.guard import GuardedConnection, GuardLimits, guarded_protocol
 from app.server.metricsport import MetricsServer
@@ -55,7 +56,7 @@ def _banner(settings: Settings, port: int, workers: list[str]) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     base = f"http://{host}:{port}"
     model = settings.embedded.model
-    aliases = [a for a, t in settings.model_aliases.items() if t == model]
+    aliases = [a for a, t in settings.model_aliases.items() if t == model and not is_pattern(a)]
     lines = [f"dflash-gateway: serving on {base}"]
     if workers:
         if settings.pd.disaggregation:
@@ -63,6 +64,8 @@ def _banner(settings: Settings, port: int, workers: list[str]) -> str:
         else:
             lines[0] += f" in front of {len(workers)} emulated workers ({', '.join(workers)})"
         lines += ["Try it:", "  " + curl_example(base, aliases[0] if aliases else model)]
+        if "claude-*" in settings.model_aliases:
+            lines.append(f"  ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN=any claude")
         lines.append("Ctrl-C stops the gateway and its workers.")
     return "\n".join(lines)
 

@@ -43,10 +43,14 @@ async def test_with_every_worker_killed_each_stream_ends_with_the_in_band_error(
     gw, emus = start_stack(procs, config, tmp_path)
     body = request_body(config, PROMPTS[0], 4000)
     async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+        begun = [asyncio.Event() for _ in range(12)]
         runs = [
-            asyncio.ensure_future(one_request(client, gw, f"dead-{n}", body)) for n in range(12)
+            asyncio.ensure_future(one_request(client, gw, f"dead-{n}", body, begun[n]))
+            for n in range(12)
         ]
-        await asyncio.sleep(2.0)  # every stream has begun (thousands of tokens to go)
+        # Every stream has begun (thousands of tokens to go): waited for, not slept on.
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(event.wait() for event in begun))
         assert not any(run.done() for run in runs)
         for emu in emus:
             await asyncio.to_thread(emu.kill)

@@ -1,6 +1,8 @@
 """The real Claude Code CLI (``@anthropic-ai/claude-code`` from npm, pinned) against a gateway in
-front of two emulated workers, run headless the way the README says to point it at the gateway:
-a simple prompt, a prompt that makes it call a tool (the round trip completes), and its streams.
+front of two emulated workers, run headless the way docs/agents.md says to point it at the
+gateway: a simple prompt, a prompt that makes it call a tool (the round trip completes), and its
+streams; and against ``make run`` (``dflash-gateway serve``, the embedded default) given only the
+base URL and a token, as a new user tries it first.
 
 The CLI is installed into ``.tools/npm/`` on first use (``tests.support.tools.npm_tool``);
 without ``npm`` these tests are skipped (they fail under ``DFLASH_REQUIRE_TOOLS=1``). It runs with
@@ -22,12 +24,12 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import emulator, gateway
-from tests.support.procs import ManagedProcess, managed_processes
+from tests.support.procs import PYTHON, ManagedProcess, managed_processes
 from tests.support.tools import npm_tool
 
 pytestmark = pytest.mark.processes
 
-PACKAGE, VERSION = "@anthropic-ai/claude-code", "2.1.332"
+PACKAGE, VERSION = "@anthropic-ai/claude-code", "2.1.337"  # docs/agents.md states it
 MODEL = "moonshotai/Kimi-K2.5"
 KEY = "sk-claude-code-e2e-0123456789"
 QUIET = {"DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
@@ -44,6 +46,21 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
         emus = [emulator(manager, "emu-a"), emulator(manager, "emu-b")]
         env = {"DFLASH_GATEWAY_API_KEYS": KEY, "DFLASH_GATEWAY_LOG_JSON": "1"}
         yield gateway(manager, emus, env=env)
+
+
+@pytest.fixture(scope="module")
+def make_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """``make run``: ``serve`` with no workers and no keys (its emulated workers on free ports)."""
+    env = {
+        "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
+        "DFLASH_GATEWAY_EMBEDDED__SPEED": "20",
+        "DFLASH_GATEWAY_LOG_JSON": "1",
+    }
+    with managed_processes(tmp_path_factory, "claude-code-make-run") as manager:
+        argv = [PYTHON, "-m", "app", "serve", "--port", "{port}"]
+        yield manager.start(
+            argv, name="serve", ready_path="/readyz", ready_status=200, timeout=60, env=env
+        )
 
 
 @dataclass
@@ -85,6 +102,34 @@ def run_claude(
 def readme_env(gw: ManagedProcess, key_variable: str) -> dict[str, str]:
     """README, "Pointing Claude Code at the gateway"."""
     return {"ANTHROPIC_BASE_URL": gw.url, key_variable: KEY, "ANTHROPIC_MODEL": MODEL}
+
+
+def test_make_run_answers_claude_code_given_only_a_base_url_and_a_token(
+    claude: str, make_run: ManagedProcess, tmp_path: Path
+) -> None:
+    """No ANTHROPIC_MODEL: Claude Code sends its own default (claude-opus-...), which the
+    embedded default's ``claude-*`` alias serves; the answer carries the name it asked for."""
+    env = {"ANTHROPIC_BASE_URL": make_run.url, "ANTHROPIC_AUTH_TOKEN": "any-token"}
+    run = run_claude(
+        claude,
+        make_run,
+        tmp_path,
+        "Say hello",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        **env,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    events = run.events()
+    final = events[-1]
+    assert (final["type"], final["subtype"], final["is_error"]) == ("result", "success", False)
+    assert final["result"].strip()
+    asked = {e["message"]["model"] for e in events if e["type"] == "assistant"}
+    assert asked and all(name.startswith("claude-") for name in asked), asked
+    messages = [r for r in run.requests if r["route"] == "/v1/messages"]
+    assert messages and all(r["status"] == 200 for r in messages), run.requests
+    assert all(r["model"] == MODEL for r in messages)  # served by the emulated Kimi-K2.5
 
 
 def test_a_simple_prompt(claude: str, gw: ManagedProcess, tmp_path: Path) -> None:

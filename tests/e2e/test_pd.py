@@ -101,6 +101,14 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def served(text: str) -> float:
+    """The requests the gateway has recorded as answered 200, all routes and models."""
+    found = re.findall(
+        r'^dflash_gateway_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M
+    )
+    return sum(float(value) for value in found)
+
+
 def assert_one_room_each(ps: list[ManagedProcess], ds: list[ManagedProcess], served: int) -> None:
     """Every served request's room is on exactly one prefill and one decode worker, once each,
     with the same rid on both; ``served`` rooms in all."""
@@ -206,7 +214,22 @@ def test_acceptance_length_comes_from_decode_and_matches_the_emulator(
             )
         )
     assert [r.status_code for r in statuses] == [200] * 24
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
+
+    def settled() -> str | None:
+        """/metrics once it shows the 24 requests (recorded as each response ends, which the
+        client may see first) and the decode workers' transfer queues as read by a load poll
+        after them (empty once idle): both are eventual, so they are waited for."""
+        text = httpx.get(gw.url + "/metrics", timeout=5).text
+        if served(text) < served(base) + 24:
+            return None
+        for d in ds:
+            name = d.url.removeprefix("http://")
+            queued = metric(text, "worker_kv_transfer_queue_requests", role="decode", worker=name)
+            if queued != 0:
+                return None
+        return text
+
+    text = poll(settled, timeout=20)
     for d in ds:
         tokens0, steps0 = counts(base, d)
         tokens1, steps1 = counts(text, d)

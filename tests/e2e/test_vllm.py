@@ -6,6 +6,7 @@ fail over like SGLang ones, and are aborted by closing the connection."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -179,7 +180,27 @@ def test_acceptance_and_throughput_per_worker_for_both_engines(procs: ProcessMan
                 )
             )
         assert statuses == [200] * 36
-        time.sleep(1.0)  # a load poll after the last request
+
+        def shown() -> bool:
+            """What the asserts below read, as load polls after the last request show it (the
+            figures are polled, so they are waited for; on time out the asserts say which)."""
+            text = httpx.get(gw.url + "/metrics", timeout=5).text
+            for emu in emus:
+                name = _name(emu)
+                if not seen_throughput.get(emu.url) or not all(
+                    _metric(text, family, name)
+                    for family in ("worker_spec_accept_length", "worker_measured_accept_length")
+                ):
+                    return False
+            for emu in emus[:2]:
+                truth = _stats(emu)["totals"]["token_weighted_accept_length"]
+                figure = _metric(text, "worker_spec_accept_length", _name(emu))
+                if not truth or not figure or abs(figure - truth) > 0.05 * truth:
+                    return False
+            return True
+
+        with contextlib.suppress(AssertionError):
+            poll(shown, timeout=20, interval=0.2)
     finally:
         stop.set()
         watcher.join(timeout=10)

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from app.emulator.cache import BLOCK_CHARS, BLOCK_TOKENS, PrefixCache
 from app.emulator.engine import ActiveRequest, QueueFull, Scheduler, Timing
 from app.emulator.faults import FaultError, Faults, Gate
 from app.emulator.profiles import PROFILE_TAU, SEED_OUTPUT_TPS, step_time_factors
@@ -58,23 +57,6 @@ async def test_abort_while_waiting_and_prefix_match() -> None:
     assert scheduler.abort("", abort_all=True) == 1
     scheduler.release()
     assert scheduler.running == 0 and scheduler.waiting == 0
-
-
-def test_prefix_cache_counts_whole_leading_blocks() -> None:
-    cache = PrefixCache(capacity_tokens=BLOCK_TOKENS * 4)
-    prompt = "x" * (BLOCK_CHARS * 3 + 10)
-    keys = cache.keys(prompt)
-    assert len(keys) == 3
-    assert cache.match(keys, 100) == 0
-    cache.insert(keys)
-    assert cache.match(keys, 100) == 3 * BLOCK_TOKENS
-    assert cache.match(keys, 20) == 19, "the last prompt token is never cached"
-    changed = cache.keys("y" + prompt[1:])
-    assert cache.match(changed, 100) == 0, "a different first block invalidates the chain"
-    cache.insert(cache.keys("z" * BLOCK_CHARS * 4))  # evicts the oldest blocks
-    assert cache.match(keys, 100) < 3 * BLOCK_TOKENS
-    cache.flush()
-    assert cache.used_tokens == 0
 
 
 def test_fault_updates() -> None:

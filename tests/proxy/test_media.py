@@ -25,6 +25,8 @@ ALLOWED = [
     "https://cdn.example.org:8443/a/b.jpg?x=1",
     "https://8.8.8.8/a.png",
     "https://[2606:4700:4700::1111]/a.png",
+    "https://[2002:808:808::]/a.png",  # 6to4 of a public address
+    "https://example.default.com/a.png",
 ]
 REFUSED = [
     "http://example.com/cat.png",  # plaintext
@@ -48,6 +50,17 @@ REFUSED = [
     "https://metadata/",  # one label: a cluster service through the search domains
     "https://metadata.google.internal/",
     "https://redis.default.svc.cluster.local/",
+    "https://kubernetes.default/",  # the API server, through the cluster's search domains
+    "https://kubernetes.default.svc/",
+    "https://coredns.kube-system/",
+    "https://10-0-0-5.default.pod/",
+    "https://[2002:a9fe:a9fe::]/",  # 6to4 of 169.254.169.254
+    "https://[::a9fe:a9fe]/",  # IPv4-compatible
+    "https://[::ffff:0:a9fe:a9fe]/",  # IPv4-translated
+    "https://[64:ff9b::a9fe:a9fe]/",  # NAT64
+    "https://[64:ff9b:1::a00:1]/",  # NAT64, local use
+    "https://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",  # Teredo
+    "https://[fec0::1]/",  # site-local
     "https://user:pw@example.com/",
     "https://example.com\\@127.0.0.1/",
     "HTTPS://example.com/a.png",
@@ -82,6 +95,17 @@ def test_the_allow_list_adds_schemes_hosts_and_networks() -> None:
 def test_a_bad_allow_entry_stops_start_up() -> None:
     with pytest.raises(ValueError, match="neither a scheme"):
         Settings(limits={"image_url_allow": ("not a host/",)})
+    with pytest.raises(ValueError, match="not a DNS name suffix"):
+        Settings(limits={"image_url_cluster_suffixes": ("svc", "a b")})
+
+
+def test_the_cluster_suffixes_are_a_setting() -> None:
+    policy = image_policy((), ("*.svc", ".cluster.local", "prod"))
+    for url in ("https://redis.prod/", "https://a.svc/", "https://x.cluster.local/"):
+        with pytest.raises(InvalidRequest):
+            check_image_url(url, policy, "f")
+    check_image_url("https://kubernetes.default/", policy, "f")  # replaced, not added to
+    check_image_url("https://redis.prod/", image_policy(("redis.prod",), ("prod",)), "f")
 
 
 def _chat(*parts: dict[str, Any]) -> dict[str, Any]:

@@ -461,3 +461,40 @@ async def test_a_prefill_worker_that_never_answers_is_blamed_not_the_decode_work
         good.bootstrap_port,
     )
     assert d.aborted == [first["rid"]] and bad.aborted == [first["rid"]]
+
+
+async def test_a_prefill_worker_that_never_finishes_is_let_go_soon_and_then_marked_down() -> None:
+    # The prefill worker takes every request and never answers while the decode worker answers
+    # at once: each client gets its whole answer, and the prefill side is aborted on P, its
+    # connection closed and its in-flight slot freed pd.prefill_drain_s after it (not after
+    # timeouts.first_byte_s, 300 s), counted as P's timeout; after breaker.failure_threshold of
+    # them P is out of rotation, so it no longer takes (and leaks) requests.
+    (p,), (d,) = pd_pair(waits=False)
+    p.hang = True
+    settings: dict[str, Any] = {
+        "pd": {"prefill_drain_s": 0.2},
+        "breaker": {"failure_threshold": 3, "open_s": 60},
+    }
+    async with GatewayHarness([], prefill=[p], decode=[d], **settings) as gw:
+        (prefill,) = [w for w in gw.gateway.pool.workers if w.name == p.name]
+        registry = gw.gateway.metrics.registry
+        for n in range(1, 4):
+            p.closed.clear()
+            ex = await gw.post(CHAT, chat(stream=True))
+            assert ex.status == 200 and ex.body.endswith(SSE_DONE)
+            await wait_for(
+                lambda n=n: (
+                    len(p.aborted) == n  # type: ignore[misc]
+                    and p.closed.is_set()
+                    and prefill.in_flight == 0
+                    and not gw.gateway.proxy.pd.tasks
+                ),
+                timeout=4,
+            )
+        assert p.aborted == [r["rid"] for r in p.requests]
+        labels = {"worker": p.name, "outcome": "timeout"}
+        assert registry.get_sample_value("dflash_gateway_upstream_attempts_total", labels) == 3.0
+        assert not prefill.routable
+        ex = await gw.post(CHAT, chat(stream=True))
+    assert ex.status == 503  # no prefill worker left to pair with
+    assert len(p.requests) == 3 and len(d.requests) == 3

@@ -1,6 +1,7 @@
 """A raw asyncio SGLang worker on loopback, in a thread of the test process, that records every
 completion body it receives byte for byte (what the gateway really sent) and can hold its answer
-until released. Non-streamed answers only: enough to see what reaches a worker."""
+until released. It answers a chat or text completion whole, or as a short SSE stream when the body
+asks for one (with the usage chunk and ``[DONE]``), and a Messages token count."""
 
 from __future__ import annotations
 
@@ -59,9 +60,10 @@ class RecordingWorker:
                 headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 status, answer = await self._answer(method, path.split("?")[0], body)
+                kind = b"text/event-stream" if answer.startswith(b"data:") else b"application/json"
                 writer.write(
-                    b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\n"
-                    b"content-length: %d\r\n\r\n%s" % (status, len(answer), answer)
+                    b"HTTP/1.1 %d OK\r\ncontent-type: %s\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (status, kind, len(answer), answer)
                 )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -83,14 +85,47 @@ class RecordingWorker:
         while self._hold and self._release is not None:
             self._release.clear()
             await self._release.wait()
+        sent = orjson.loads(body)
+        if path == "/v1/messages/count_tokens":
+            return 200, b'{"input_tokens":3}'
+        if sent.get("stream") is True:
+            return 200, _stream(sent["rid"], path == "/v1/chat/completions")
         doc = {
-            "id": orjson.loads(body)["rid"],
+            "id": sent["rid"],
             "object": "chat.completion",
             "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                }
+            ],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
+        if path == "/v1/completions":
+            doc["object"] = "text_completion"
+            doc["choices"] = [{"index": 0, "text": "ok", "finish_reason": "stop"}]
         return 200, orjson.dumps(doc)
+
+
+def _stream(rid: str, chat: bool) -> bytes:
+    """A short completion stream: one token of text, the finish, the usage, ``[DONE]``."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def choice(text: str | None, finish: str | None) -> dict[str, Any]:
+        if not chat:
+            return {"index": 0, "text": text or "", "finish_reason": finish}
+        delta = {"role": "assistant", "content": text} if text is not None else {}
+        return {"index": 0, "delta": delta, "finish_reason": finish}
+
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    chunks = [
+        {"id": rid, "object": kind, "model": MODEL, "choices": [choice("ok", None)]},
+        {"id": rid, "object": kind, "model": MODEL, "choices": [choice(None, "stop")]},
+        {"id": rid, "object": kind, "model": MODEL, "choices": [], "usage": usage},
+    ]
+    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
 
 @contextmanager

@@ -132,3 +132,64 @@ def test_one_8_mib_body_of_small_objects_costs_at_most_three_times_its_size(
         print(f"peak RSS growth: {growth / 2**20:.1f} MiB for an 8 MiB body")
         assert growth <= 3 * len(raw), f"peak RSS grew {growth / 2**20:.1f} MiB for 8 MiB"
         assert "Traceback" not in gw.logs()
+
+
+def test_metadata_is_bounded_as_openai_bounds_it_on_every_surface(procs: ProcessManager) -> None:
+    """16 pairs, keys up to 64 characters, string values up to 512: the most is accepted, one
+    more of anything is a 400 naming ``metadata`` on chat, Responses and Messages, and none of
+    the refused reaches the worker; Messages' ``metadata.user_id`` stays the routing key."""
+    largest = {f"k{i:02d}" + "x" * 61: "v" * 512 for i in range(16)}
+    over = [
+        {f"k{i}": "v" for i in range(17)},
+        {"k" * 65: "v"},
+        {"k": "v" * 513},
+        {"k": 1},
+        {"k": {"nested": "v"}},
+        ["not", "an", "object"],
+        {"k": "é" * 513},
+    ]
+    messages = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    with recording_worker() as worker:
+        gw = start_gateway(procs, [], args=("--worker-url", worker.url))
+        ok = httpx.post(gw.url + CHAT, json=_chat(metadata=largest), timeout=30)
+        assert ok.status_code == 200, ok.text
+        assert worker.json()["metadata"] == largest
+        ok = httpx.post(
+            gw.url + "/v1/responses",
+            json={"model": MODEL, "input": "hi", "metadata": largest},
+            timeout=30,
+        )
+        assert ok.status_code == 200 and ok.json()["metadata"] == largest
+        routed = messages | {"metadata": {"user_id": "user-7"}}
+        ok = httpx.post(gw.url + "/v1/messages", json=routed, timeout=30)
+        assert ok.status_code == 200, ok.text
+        assert worker.json()["user"] == "user-7"
+        seen = len(worker.bodies)
+
+        for value in over:
+            chat = httpx.post(gw.url + CHAT, json=_chat(metadata=value), timeout=30)
+            assert chat.status_code == 400, (value, chat.text)
+            assert error_of(chat)["param"] == "metadata"
+            responses = httpx.post(
+                gw.url + "/v1/responses",
+                json={"model": MODEL, "input": "hi", "metadata": value},
+                timeout=30,
+            )
+            assert responses.status_code == 400, (value, responses.text)
+            assert error_of(responses)["param"] == "metadata"
+            anthropic = httpx.post(
+                gw.url + "/v1/messages", json=messages | {"metadata": value}, timeout=30
+            )
+            assert anthropic.status_code == 400, (value, anthropic.text)
+            assert anthropic.json()["type"] == "error"
+            assert anthropic.json()["error"]["type"] == "invalid_request_error"
+            assert "metadata" in anthropic.json()["error"]["message"]
+        # Seven megabytes of metadata on a cheap request: refused before it is decoded.
+        huge = {f"k{i}": "v" * 500_000 for i in range(14)}
+        refused = httpx.post(
+            gw.url + "/v1/responses",
+            json={"model": MODEL, "input": "hi", "metadata": huge},
+            timeout=30,
+        )
+        assert refused.status_code == 400 and error_of(refused)["param"] == "metadata"
+        assert len(worker.bodies) == seen
