@@ -35,6 +35,7 @@ from app.routing.policies import _MASK64, _MIX, RoutingContext, _hash64
 from app.upstream.sse import Usage
 from app.workers.worker import Worker
 
+_RATE_BAND = 1.5
 REASONS = ("cache_hit", "affinity", "spill", "no_key", "full", "single")
 
 
@@ -45,6 +46,8 @@ class CacheAware:
         self,
         *,
         load_factor: float = 1.25,
+        balance: float = 1.1,
+        min_bound: int = 4,
         min_gain: float = 0.5,
         index: PrefixIndex | None = None,
         on_decision: Callable[[str], None] | None = None,
@@ -53,6 +56,8 @@ class CacheAware:
             raise ValueError("load_factor must be >= 1")
         self._load_factor = load_factor
         self._min_gain = min_gain
+        self._balance = balance
+        self._min_bound = min_bound
         self.index = index or PrefixIndex()
         self._name_hashes: dict[str, int] = {}
         self._on_decision = on_decision
@@ -82,79 +87,95 @@ class CacheAware:
                 default_rate = rate
         if default_rate == 0.0:
             default_rate = 1.0
-        # SpareCapacity.score, inlined (one pass, as spare_capacity does).
+        # Rates within ``_RATE_BAND`` of the best count as the best: measured rates of equal
+        # workers differ with their traffic (a worker prefilling long prompts streams less for a
+        # while), and moving a session off its cache for that noise costs a whole prefill. A
+        # slower node (x2) or a collapsed drafter (~3.5x fewer tokens per step) still counts.
+        equal = default_rate / _RATE_BAND
+        blocks = ctx.prefix
+        index = self.index
+        prompt = index.tokens(blocks.size) if blocks is not None else 0
+        # Free slots x output rate per request (spare_capacity's score without its KV-usage
+        # weight: an agent's 40k-token turns lock most of a worker's pool while they run, and
+        # weighting by free KV would send every turn away from the cache it needs; a worker
+        # short of KV queues the request, which its polled waiting count then shows).
         scores: list[float] = []
+        loads: list[float] = []
+        held: list[int] = []
         best, best_score = workers[0], -math.inf
+        total_busy = total_weight = 0.0
         for worker in workers:
             rate = worker.rate or default_rate
+            if rate >= equal:
+                rate = default_rate
             spare = worker.room - worker.in_flight
-            if spare > 0:
-                score = spare * rate * (1.0 - worker.load.token_usage)
-            else:
-                score = (spare - 1) / rate
+            own = index.held_tokens(worker.name, blocks) if blocks is not None else 0
+            held.append(own)
+            score = spare * rate if spare > 0 else (spare - 1) / rate
             scores.append(score)
             if score > best_score:
                 best, best_score = worker, score
+            # Requests on it per unit of speed: what the balance bound compares.
+            weight = rate / default_rate
+            busy = worker.busy
+            loads.append(busy / weight)
+            total_busy += busy
+            total_weight += weight
         if best_score <= 0:
             return best, "full"
+        # How far past the bands each worker is (<= 0: within both), as the share of the prompt
+        # its cache would have to save to make up for it: spare capacity within load_factor of
+        # the best, and requests per unit of speed within ``balance`` x the fleet's mean (else
+        # a cap of 48 leaves sessions, each with one request at a time, far from balanced).
+        bound = max(self._min_bound, self._balance * (total_busy + 1) / total_weight)
         floor = best_score / self._load_factor
+        past = [
+            max(floor / score - 1.0, load / bound - 1.0) if score > 0 else math.inf
+            for score, load in zip(scores, loads, strict=True)
+        ]
         key = ctx.routing_key
         home, reason = best, "no_key"
-        top, top_score = best, best_score
+        top, top_past = best, 0.0
         if key is not None:
             key_hash = _hash64(key)
             hashes = self._name_hashes
             if len(hashes) > 4 * len(workers) + 64:
                 hashes.clear()  # forget workers that left long ago
             top_weight = home_weight = -1
-            for worker, score in zip(workers, scores, strict=True):
+            for worker, over in zip(workers, past, strict=True):
                 name_hash = hashes.get(worker.name)
                 if name_hash is None:
                     name_hash = hashes[worker.name] = _hash64(worker.name)
                 weight = ((key_hash ^ name_hash) * _MIX) & _MASK64
                 if weight > top_weight:
-                    top, top_weight, top_score = worker, weight, score
-                if score >= floor and weight > home_weight:
+                    top, top_weight, top_past = worker, weight, over
+                if over <= 0.0 and weight > home_weight:
                     home, home_weight = worker, weight
             reason = "affinity" if home is top else "spill"
-        blocks = ctx.prefix
-        if blocks is None:
-            return home, reason
-        index = self.index
-        prompt = index.tokens(blocks.size)
-        if prompt <= 0:
+        if blocks is None or prompt <= 0:
             return home, reason
         # Only what a worker holds past the shared lead (tools and system prompt) counts: what
         # this session sent. A shared system prompt is soon held by every worker that served
         # anyone; counting it would draw every new session to the first one that did.
         lead = index.tokens(blocks.lead)
-        home_held = max(lead, index.held_tokens(home.name, blocks))
+        home_held = max(lead, held[workers.index(home)])
         need = home_held + self._min_gain * (prompt - lead)
-        # A worker holding ``need`` tokens holds the block that reaches them: one lookup each
-        # rules out every worker that does not.
-        probe = index.probe(blocks, need)
         choice, choice_held = home, need
-        for worker, score in zip(workers, scores, strict=True):
-            if probe is None or worker is home or not index.holds(worker.name, probe):
+        for worker, over, own in zip(workers, past, held, strict=True):
+            if own < choice_held or worker is home:
                 continue
-            held = index.held_tokens(worker.name, blocks)
-            if held < choice_held:
-                continue
-            gain = (held - home_held) / prompt
-            if score >= floor / (1.0 + gain) and (held > choice_held or choice is home):
-                choice, choice_held = worker, held
+            if over <= (own - home_held) / prompt and (own > choice_held or choice is home):
+                choice, choice_held = worker, own
         if choice is not home:
             return choice, "cache_hit"
         if reason == "spill" and home_held <= lead:
             # The prior every replica shares: a session with history lives on its key's first
-            # worker (where every replica sends it while it is in the band). Another replica may
+            # worker (where every replica sends it while it is in the bands). Another replica may
             # have sent it the history this one never saw, so that worker keeps it while the
             # history it would save is worth the extra load, as it would on this one's index.
             history = index.tokens(blocks.last) - lead
-            if history >= self._min_gain * (prompt - lead):
-                gain = history / prompt
-                if top_score >= floor / (1.0 + gain):
-                    return top, "affinity"
+            if history >= self._min_gain * (prompt - lead) and top_past <= history / prompt:
+                return top, "affinity"
         return home, reason
 
     def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None:

@@ -30,7 +30,6 @@ forgotten by ``retain``.
 
 from __future__ import annotations
 
-import bisect
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -90,18 +89,6 @@ class PrefixIndex:
             else:
                 high = mid - 1
         return int(blocks.ends[low] * self.tokens_per_byte)
-
-    def probe(self, blocks: PrefixBlocks, tokens: float) -> int | None:
-        """The key of the block that reaches ``tokens`` of the prompt (None: beyond its end):
-        a worker holding ``tokens`` or more of it holds that block."""
-        goal = tokens / self.tokens_per_byte
-        ends = blocks.ends
-        at = bisect.bisect_left(ends, goal)
-        return blocks.keys[at] if at < len(ends) else None
-
-    def holds(self, worker: str, key: int) -> bool:
-        held = self._held.get(worker)
-        return held is not None and key in held.blocks
 
     @property
     def workers(self) -> int:

@@ -116,12 +116,29 @@ def test_replicas_that_never_saw_a_session_agree_on_its_worker() -> None:
     workers = [_worker(i) for i in range(3)]
     one, other = CacheAware(), CacheAware()
     sessions = [Session(i) for i in range(30)]
-    picks = _run(one, workers, sessions)
+    homes = [one.pick(session.ctx(), workers) for session in sessions]  # one at a time
+    for session, home in zip(sessions, homes, strict=True):
+        session.turns = 2
+        assert other.pick(session.ctx(), workers) is home
+    # A busy home keeps a session with history on every replica, as on the one that placed it
+    # (its index), while the history saves more than the extra load costs ...
+    session, home = sessions[0], homes[0]
     for worker in workers:
-        worker.in_flight = 0
-    for session, first in zip(sessions, picks, strict=True):
-        session.turns = 1
-        assert other.pick(session.ctx(), workers).name == first.name
+        worker.in_flight = 4
+    home.in_flight = 7
+    session.turns = 3
+    assert one.pick(session.ctx(), workers) is home
+    assert CacheAware().pick(session.ctx(), workers) is home
+    # ... while a new session whose first worker that is goes elsewhere.
+    fresh = next(s for s in (Session(100 + i) for i in range(50)) if _top(s, workers) is home)
+    assert CacheAware().pick(fresh.ctx(), workers) is not home
+
+
+def _top(session: Session, workers: list[Worker]) -> Worker:
+    """The session's first worker with no load anywhere."""
+    idle = [_worker(int(w.name.split(".")[3].split(":")[0])) for w in workers]
+    name = CacheAware().pick(session.ctx(), idle).name
+    return next(w for w in workers if w.name == name)
 
 
 def test_a_session_follows_its_cache_when_its_home_evicted_it() -> None:
@@ -146,7 +163,9 @@ def test_a_worker_holding_the_history_keeps_it_at_a_bounded_extra_load() -> None
     session = Session(3, turns=4)
     home = policy.pick(session.ctx(), workers)
     session.turns = 5
-    home.in_flight = 16  # out of spare_capacity's band (32 vs 48 free), but it saves the prefill
+    for worker in workers:
+        worker.in_flight = 10
+    home.in_flight = 16  # past the balance bound (1.1 x the mean), but it saves the prefill
     assert policy.pick(session.ctx(), workers) is home
     home.in_flight = 40  # far more loaded than the others: the prefill is not worth it
     assert policy.pick(session.ctx(), workers) is not home
