@@ -47,7 +47,7 @@ class CacheAware:
         *,
         load_factor: float = 1.25,
         balance: float = 1.1,
-        min_bound: int = 4,
+        min_bound: int = 2,
         min_gain: float = 0.5,
         index: PrefixIndex | None = None,
         on_decision: Callable[[str], None] | None = None,
@@ -118,7 +118,7 @@ class CacheAware:
             # Requests on it per unit of speed: what the balance bound compares.
             weight = rate / default_rate
             busy = worker.busy
-            loads.append(busy / weight)
+            loads.append((busy + 1) / weight)  # with this request
             total_busy += busy
             total_weight += weight
         if best_score <= 0:
