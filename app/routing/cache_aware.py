@@ -118,7 +118,7 @@ class CacheAware:
             # Requests on it per unit of speed: what the balance bound compares.
             weight = rate / default_rate
             busy = worker.busy
-            loads.append((busy + 1) / weight)  # with this request
+            loads.append(busy / weight)
             total_busy += busy
             total_weight += weight
         if best_score <= 0:

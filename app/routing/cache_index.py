@@ -12,7 +12,9 @@ prompts the gateway sent it, in least-recently-used order, bounded by the worker
 - **Corrected** by every answer: ``cached_tokens`` is what the worker actually held of the
   prompt. Well below the estimate, the worker evicts faster than this gateway's own traffic
   explains (other replicas, other clients): its budget shrinks below what our entries hold now.
-  Above it, the worker held more than estimated: the budget grows back (to its capacity).
+  An answer that held what was estimated lets it grow back (to its capacity). Only the part past
+  the shared lead counts: sessions that start together all miss the lead until the first
+  prefill is done, which is no eviction.
 - **KV events** (``kv_events``, the ``KvEventSink`` of ``app.workers.kv_events``): a worker's
   BlockRemoved events evict the same number of tokens from its entries here, oldest first;
   AllBlocksCleared forgets the worker. The engine's block hashes are over token ids, which a
@@ -34,14 +36,14 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app.routing.prefix import PrefixBlocks
+from app.routing.prefix import BLOCK_BYTES, PrefixBlocks
 
 DEFAULT_CAPACITY_TOKENS = 1_000_000  # until the worker reports max_total_num_tokens
 _TOKENS_PER_BYTE = 0.25
 _RATIO_ALPHA = 0.05
 _FACTOR_MIN = 0.01
-_SHRINK = 0.8  # the factor after an answer that held much less than estimated
-_GROW = 1.1
+_SHRINK = 0.9  # the factor after an answer that held much less than estimated
+_GROW = 1.02  # and after one that held what was estimated, or more
 
 
 class _Held:
@@ -148,15 +150,18 @@ class PrefixIndex:
         held = self._held.get(worker)
         if held is None:
             return
+        # Only the session's own part counts: requests that share a lead and arrive together
+        # all miss it until the first one's prefill is done, which says nothing of eviction.
+        lead = self.tokens(blocks.lead)
         estimate = picked[1]
-        slack = max(prompt // 20, 2 * self.tokens(2048))
-        if cached + slack < estimate:
-            # It keeps less than our entries say: below what they say now, not just below the
-            # capacity (which our entries may be far from reaching).
+        slack = max(prompt // 20, 2 * self.tokens(BLOCK_BYTES))
+        if max(cached, lead) + slack < estimate:
+            # It kept less than our entries say (it evicts faster than our traffic explains):
+            # its budget goes a step below what our entries hold now.
             now = min(held.factor, held.tokens / held.capacity)
             held.factor = max(_FACTOR_MIN, now * _SHRINK)
             self._trim(held)
-        elif cached > estimate + slack:
+        elif cached + slack >= estimate:
             held.factor = min(1.0, held.factor * _GROW)
 
     def evict_tokens(self, worker: str, tokens: int) -> None:
