@@ -99,28 +99,54 @@ class CacheAware:
         # weight: an agent's 40k-token turns lock most of a worker's pool while they run, and
         # weighting by free KV would send every turn away from the cache it needs; a worker
         # short of KV queues the request, which its polled waiting count then shows).
+        key = ctx.routing_key
+        key_hash = _hash64(key) if key is not None else 0
+        hashes = self._name_hashes
+        if len(hashes) > 4 * len(workers) + 64:
+            hashes.clear()  # forget workers that left long ago
+        held_map = index.held_map
+        first = blocks.keys[0] if blocks is not None and blocks.keys else None
         scores: list[float] = []
         loads: list[float] = []
         held: list[int] = []
+        weights: list[int] = []
         best, best_score = workers[0], -math.inf
+        most_held = 0
         total_busy = total_weight = 0.0
         for worker in workers:
+            name = worker.name
             rate = worker.rate or default_rate
             if rate >= equal:
                 rate = default_rate
             spare = worker.room - worker.in_flight
-            own = index.held_tokens(worker.name, blocks) if blocks is not None else 0
-            held.append(own)
             score = spare * rate if spare > 0 else (spare - 1) / rate
             scores.append(score)
             if score > best_score:
                 best, best_score = worker, score
-            # Requests on it per unit of speed: what the balance bound compares.
+            own = 0
+            if first is not None:
+                have = held_map.get(name)
+                if have is not None and first in have.blocks:
+                    own = index.held_tokens(name, blocks)  # type: ignore[arg-type]
+                    if own > most_held:
+                        most_held = own
+            held.append(own)
+            # Requests on it (Worker.busy, inlined) per unit of speed: what the balance bound
+            # compares.
+            load = worker.load
+            in_flight = worker.in_flight
+            busy = max(
+                in_flight, load.running + load.waiting + in_flight - worker.in_flight_at_load
+            )
             weight = rate / default_rate
-            busy = worker.busy
             loads.append(busy / weight)
             total_busy += busy
             total_weight += weight
+            if key is not None:
+                name_hash = hashes.get(name)
+                if name_hash is None:
+                    name_hash = hashes[name] = _hash64(name)
+                weights.append(((key_hash ^ name_hash) * _MIX) & _MASK64)
         if best_score <= 0:
             return best, "full"
         # How far past the bands each worker is (<= 0: within both), as the share of the prompt
@@ -133,20 +159,11 @@ class CacheAware:
             max(floor / score - 1.0, load / bound - 1.0) if score > 0 else math.inf
             for score, load in zip(scores, loads, strict=True)
         ]
-        key = ctx.routing_key
         home, reason = best, "no_key"
         top, top_past = best, 0.0
         if key is not None:
-            key_hash = _hash64(key)
-            hashes = self._name_hashes
-            if len(hashes) > 4 * len(workers) + 64:
-                hashes.clear()  # forget workers that left long ago
             top_weight = home_weight = -1
-            for worker, over in zip(workers, past, strict=True):
-                name_hash = hashes.get(worker.name)
-                if name_hash is None:
-                    name_hash = hashes[worker.name] = _hash64(worker.name)
-                weight = ((key_hash ^ name_hash) * _MIX) & _MASK64
+            for worker, over, weight in zip(workers, past, weights, strict=True):
                 if weight > top_weight:
                     top, top_weight, top_past = worker, weight, over
                 if over <= 0.0 and weight > home_weight:
@@ -161,7 +178,7 @@ class CacheAware:
         home_held = max(lead, held[workers.index(home)])
         need = home_held + self._min_gain * (prompt - lead)
         choice, choice_held = home, need
-        for worker, over, own in zip(workers, past, held, strict=True):
+        for worker, over, own in zip(workers, past, held, strict=True) if most_held >= need else ():
             if own < choice_held or worker is home:
                 continue
             if over <= (own - home_held) / prompt and (own > choice_held or choice is home):

@@ -93,6 +93,11 @@ class PrefixIndex:
         return int(blocks.ends[low] * self.tokens_per_byte)
 
     @property
+    def held_map(self) -> dict[str, _Held]:
+        """Each worker's entries (read by the policy's scan: ``blocks`` holds its keys)."""
+        return self._held
+
+    @property
     def workers(self) -> int:
         return len(self._held)
 
