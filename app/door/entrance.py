@@ -130,7 +130,7 @@ class Door:
             prefix_blocks(
                 parsed.prefix,
                 lead_parts=_lead_parts(parsed),
-                new_parts=2 if len(parsed.prefix) > 1 else 0,
+                new_parts=2 if len(parsed.prefix) > 1 else 1,  # a chat's last message; a prompt
             )
             if self._hash_prefix
             else None,

@@ -267,3 +267,34 @@ class BlockRemoved:
 @dataclass(frozen=True)
 class AllBlocksCleared:
     pass
+
+
+def _measured(i: int, throughput: float) -> Worker:
+    worker = Worker(url=f"http://10.0.1.{i}:30000", state=WorkerState.HEALTHY)
+    load = WorkerLoad(running=10, gen_throughput=throughput, max_running_requests=48)
+    for _ in range(3):  # polled a few times: the rate is averaged over busy polls
+        worker.set_load(load)
+    worker.set_load(WorkerLoad(max_running_requests=48))  # idle now; the rate is kept
+    return worker
+
+
+def test_a_slow_or_collapsed_worker_gets_less_of_a_burst() -> None:
+    # Output tokens per second per request: a normal node, one twice as slow, one whose
+    # drafter stopped matching (~3.5x fewer tokens per step).
+    normal, slow, collapsed = _measured(1, 900.0), _measured(2, 450.0), _measured(3, 260.0)
+    workers = [normal, slow, collapsed]
+    policy = CacheAware()
+    for i in range(60):  # single-turn requests, each its own conversation
+        ctx = RoutingContext("m", f"c:{i}", prefix_blocks([b"user", b'"q%d"' % i], new_parts=2))
+        policy.pick(ctx, workers).in_flight += 1
+    assert normal.in_flight > slow.in_flight > collapsed.in_flight
+
+
+def test_rates_within_the_band_count_as_equal() -> None:
+    # 900 vs 700 tokens/s per request is measurement noise between equal nodes, not a slower
+    # one: a burst is shared evenly.
+    a, b = _measured(1, 900.0), _measured(2, 700.0)
+    policy = CacheAware()
+    for _ in range(40):
+        policy.pick(RoutingContext("m"), [a, b]).in_flight += 1
+    assert (a.in_flight, b.in_flight) == (20, 20)
