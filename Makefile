@@ -57,15 +57,15 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .grimp_cache .import_linter_cache build dist *.egg-info site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-bench-seed: $(STAMP) ## the seed card's table against the embedded default (emulators at --speed 20)
-	$(BIN)/dflash-gateway bench seed --embedded --speed 20 --num-prompts 320 --out bench-results
+bench-seed: $(STAMP) ## the seed card's table against the embedded default (emulators at --speed 20); DOCS=1: publish its plot and table to docs/
+	$(BIN)/dflash-gateway bench seed --embedded --speed 20 --num-prompts 320 --out bench-results $(if $(DOCS),--docs)
 
 bench-overhead: $(STAMP) ## CPU/TTFT overhead: direct vs dflash-gateway vs sglang-router
 	$(BIN)/pip install --quiet 'sglang-router==0.3.2'
 	$(BIN)/dflash-gateway bench overhead --out bench-results
 
-bench-routing: $(STAMP) ## every policy on 4 emulated workers (heterogeneous + homogeneous), C=128, --speed 0.5; ~25 min
-	$(BIN)/python -m loadtest routing --out bench-results
+bench-routing: $(STAMP) ## every policy on 4 emulated workers (heterogeneous + homogeneous), C=128, --speed 0.5; ~25 min; DOCS=1: publish its plot and table to docs/
+	$(BIN)/python -m loadtest routing --out bench-results $(if $(DOCS),--docs)
 
 bench-fairness: $(STAMP) ## tenant A floods 150 streams, B sends 4 at a time (and alone): queue wait + TTFT per tenant; ~1 min
 	$(BIN)/python -m loadtest fairness

@@ -34,6 +34,8 @@ class AccessRecord:
     route: str
     model: str
     stream: bool
+    # The client's own X-Request-Id (escaped, capped): never the id above, which is the gateway's.
+    client_request_id: str | None = None
     key: str | None = None  # the API key's name, never the key
     priority: str | None = None  # the request's priority class (tenants)
     worker: str | None = None  # the worker that answered (in PD mode: the decode worker)
@@ -41,10 +43,12 @@ class AccessRecord:
     status: int = 0
     outcome: Outcome = Outcome.OK
     attempts: int = 0
-    continuations: int = 0  # attempts that continued a broken stream (app.proxy.resume)
+    continuations: int = 0  # attempts that continued a broken stream (app.proxy.continuation)
     # Of prompt_tokens: the continuations' prompts (the conversation plus the answer so far).
     continuation_prompt_tokens: int = 0
     tokens_estimated: bool = False  # a continued stream's streamed tokens were estimated
+    # No usage from the worker: the tokens are the gateway's estimate (app.proxy.unreported).
+    usage_estimated: bool = False
     ttft_ms: float | None = None
     queue_ms: float | None = None  # time spent in the admission queue (None: never queued)
     duration_ms: float | None = None

@@ -348,6 +348,24 @@ class WorkersConfig(_Section):
     vllm_max_num_seqs: int = Field(256, ge=1)
 
 
+class KvEventsConfig(_Section):
+    """Subscribe to the workers' KV events (SGLang's and vLLM's --kv-events-config): what each
+    worker's prefix cache stored, evicted and cleared (docs/routing.md, "KV events")."""
+
+    # Subscribe to every worker's publisher (one ZMQ SUB socket per worker).
+    enabled: bool = False
+    # The port every worker publishes on (its --kv-events-config endpoint tcp://*:PORT); the
+    # gateway dials the worker URL's host there.
+    port: int = Field(5557, ge=1, le=65535)
+    # Instead of port: the worker's HTTP port plus this (several workers on one host, e.g.
+    # emulators on 30001, 30002 publishing on 31001, 31002: 1000).
+    port_offset: int | None = Field(None, ge=-65534, le=65534)
+    # The workers' topic (the --kv-events-config "topic"): a ZMQ subscription prefix, "" = all.
+    topic: str = ""
+    # Seconds between two checks of the worker set (new workers subscribed, gone ones dropped).
+    resync_s: float = Field(5.0, gt=0)
+
+
 class DiscoveryConfig(_Section):
     """Where the worker set comes from (``static`` = ``worker_urls``)."""
 
@@ -600,6 +618,7 @@ class Settings(BaseSettings):
     expose_accept_length: bool = False
 
     health: HealthConfig = HealthConfig()
+    kv_events: KvEventsConfig = KvEventsConfig()
     breaker: BreakerConfig = BreakerConfig()
     retry: RetryConfig = RetryConfig()
     admission: AdmissionConfig = AdmissionConfig()

@@ -183,14 +183,15 @@ def _section(title: str, text: str, rows: list[Row], see: str | None) -> str:
         out += [text, ""]
     if see:
         out += [f"More: [{_page_title(see)}]({see}).", ""]
-    out += ["| setting | type | default | description |", "| --- | --- | --- | --- |"]
+    # Two columns, so the table fits the text column: the names (never broken, by the site's
+    # CSS) and what they do, with the type and default under the description.
+    out += ["| setting | description, type, default |", "| --- | --- |"]
     for row in rows:
         where = f"`{row.path}`<br>`{row.env}`"
         if row.flag:
             where += f"<br>`{row.flag}`"
-        out.append(
-            f"| {where} | {_cell(row.type)} | {_cell(row.default)} | {_cell(row.description)} |"
-        )
+        about = f"{_cell(row.description)}<br>*{_cell(row.type)}*; default: {_cell(row.default)}"
+        out.append(f"| {where} | {about} |")
     out.append("")
     return "\n".join(out)
 

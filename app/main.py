@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -22,7 +22,7 @@ from app.accesslog import AccessLog
 from app.api import openai, ops, responses
 from app.api import surfaces as api_surfaces
 from app.api.access import AccessMiddleware
-from app.api.asgi import GatewayApp
+from app.api.asgi import ASGI, GatewayApp
 from app.api.errors import install_handlers
 from app.api.schema import openapi_document
 from app.auth import KeyStore
@@ -36,6 +36,7 @@ from app.metrics import Metrics
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
 from app.response_store import make_store
+from app.routing.cache_aware import CacheAware
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
@@ -48,6 +49,9 @@ from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
+from app.workers.kv_counters import KvEventCounters
+from app.workers.kv_events import KvEventSink, KvEventSinks
+from app.workers.kv_subscriber import KvEventSubscriber
 from app.workers.pool import EndpointLike, WorkerPool
 
 if TYPE_CHECKING:
@@ -136,6 +140,19 @@ def create_app(
         responses=make_store(settings.responses, settings.limits.redis_url),
     )
 
+    # The workers' KV events (kv_events.enabled): counted per worker for operators, and fed to
+    # cache_aware's index.
+    kv_subscriber: KvEventSubscriber | None = None
+    if settings.kv_events.enabled:
+
+        def name_of(url: str) -> str | None:
+            return next((w.name for w in pool.workers if w.url == url), None)
+
+        sinks: list[KvEventSink] = [KvEventCounters(metrics, name_of)]
+        if isinstance(proxy.learns, CacheAware):  # its prefix index follows the evictions
+            sinks.append(proxy.learns.index)
+        kv_subscriber = KvEventSubscriber(settings.kv_events, KvEventSinks(sinks))
+
     def publish_keys() -> None:
         for name in keys.names():
             metrics.add_key(name)
@@ -170,6 +187,11 @@ def create_app(
                         saturation=lambda: admission.saturation(pool.workers),
                     ),
                 )
+            )
+        if kv_subscriber is not None:
+            subscriber = kv_subscriber
+            tasks.append(
+                start("kv_events", lambda: subscriber.run(lambda: [w.url for w in pool.workers]))
             )
         if settings.auth.keys_file is not None:
             reload_s = settings.auth.reload_s
@@ -213,14 +235,15 @@ def create_app(
     app.openapi = lambda: openapi_document(app, settings, bodies)  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.gateway = gateway
+    app.state.kv_subscriber = kv_subscriber
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
+    cors: Callable[[ASGI], ASGI] | None = None
     if settings.cors_origins:  # off by default: browsers get no CORS headers at all
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=[
+        options: dict[str, Any] = {
+            "allow_origins": settings.cors_origins,
+            "allow_methods": ["GET", "POST", "DELETE"],
+            "allow_headers": [
                 "authorization",
                 "content-type",
                 "x-request-id",
@@ -229,13 +252,18 @@ def create_app(
                 "anthropic-version",
                 "anthropic-beta",
             ],
-            expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
-            max_age=600,
-        )
+            "expose_headers": ["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
+            "max_age": 600,
+        }
+        app.add_middleware(CORSMiddleware, **options)  # FastAPI's routes and every preflight
+
+        def cors(door: ASGI) -> ASGI:  # the door's POSTs, on the same path as without CORS
+            return CORSMiddleware(door, **options)
+
     app.add_middleware(AccessMiddleware, gateway=gateway, routes=ROUTES)
     door = Door(gateway, door_checks)
     app.include_router(api_surfaces.router(door, SURFACES))
     app.include_router(openai.router)
     app.include_router(responses.router)  # GET/DELETE /v1/responses/{id}: the stored responses
     app.include_router(ops.router)
-    return GatewayApp(app, door, BY_PATH, lane=not settings.cors_origins)
+    return GatewayApp(app, door, BY_PATH, wrap=cors)

@@ -386,11 +386,17 @@ def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
                     yield orjson.loads(line)
 
 
+def _access(gateway_log: Path) -> Iterator[dict[str, Any]]:
+    for doc in _json_lines(gateway_log):
+        if doc.get("logger") == "dflash_gateway.access" and "request_id" in doc:
+            yield doc
+
+
 def access_attempts(gateway_log: Path) -> dict[str, int]:
+    """Attempts per request, by the client's X-Request-Id (``client_request_id``)."""
     return {
-        doc["request_id"]: int(doc.get("attempts") or 0)
-        for doc in _json_lines(gateway_log)
-        if doc.get("logger") == "dflash_gateway.access" and "request_id" in doc
+        doc.get("client_request_id") or doc["request_id"]: int(doc.get("attempts") or 0)
+        for doc in _access(gateway_log)
     }
 
 
@@ -404,6 +410,8 @@ def access_continued(gateway_log: Path) -> int:
 
 
 def completed_generations(stats_dir: Path) -> Counter[str]:
+    """Completed generations per request, by the client's X-Request-Id (which its workers were
+    sent)."""
     done: Counter[str] = Counter()
     for path in stats_dir.glob("*.jsonl"):
         for rec in _json_lines(path):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadtest import figures
 from loadtest.datasets import CARD
 from loadtest.stats import Summary
 
@@ -107,14 +108,38 @@ def write_json(path: Path, reports: Sequence[DatasetReport], meta: dict[str, Any
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def write_png(path: Path, reports: Sequence[DatasetReport]) -> str | None:
-    """Bar charts of tok/s and acceptance length per dataset against the card; returns a reason
-    when no chart could be drawn."""
-    try:
-        import matplotlib
+def markdown_table(datasets: Sequence[dict[str, Any]], speed: float | None = None) -> str:
+    """The seed table as ``docs/benchmarks.md`` shows it, from ``seed.json``'s datasets;
+    ``speed`` (the emulated workers' time scale) divides the measured tok/s."""
+    concurrency = datasets[0]["concurrency"] if datasets else 32
+    per = f" ÷ {speed:g}" if speed else ""
+    lines = [
+        f"| dataset | accept length | card | ratio | output tok/s at C={concurrency}{per} | card "
+        "| ratio | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in datasets:
+        tau, card_tau = d["accept_length"], d["card_accept_length"]
+        tps, card_tps = d["output_tok_s"], d["card_output_tok_s"]
+        tps = tps / speed if tps is not None and speed else tps
+        if d["missing"] or tau is None or tps is None:
+            lines.append(f"| {d['dataset']} | missing | {card_tau:.1f} | | | {card_tps:.0f} | | |")
+            continue
+        lines.append(
+            f"| {d['dataset']} | {tau:.2f} | {card_tau:.1f} | {tau / card_tau:.3f} | {tps:.0f} "
+            f"| {card_tps:.0f} | {tps / card_tps:.3f} | {d['failed']} |"
+        )
+    return "\n".join(lines)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+
+def write_png(
+    path: Path, reports: Sequence[DatasetReport], speed: float | None = None
+) -> str | None:
+    """Bar charts of tok/s and acceptance length per dataset against the card, as PNG or SVG by
+    ``path``'s suffix; returns a reason when no chart could be drawn. ``speed``: the emulated
+    workers' time scale, by which tok/s is divided to compare with the card."""
+    try:
+        plt = figures.pyplot()
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib)"
     ran = [r for r in reports if not r.missing]
@@ -127,14 +152,16 @@ def write_png(path: Path, reports: Sequence[DatasetReport]) -> str | None:
     ax_tau.bar([x - width / 2 for x in xs], [r.accept_length for r in ran], width, label="measured")
     ax_tau.bar([x + width / 2 for x in xs], [CARD[n][0] for n in names], width, label="seed card")
     ax_tau.set_title("Acceptance length (mean per request)")
-    ax_tps.bar([x - width / 2 for x in xs], [r.output_tok_s for r in ran], width, label="measured")
+    scale = speed or 1.0
+    measured = [r.output_tok_s / scale for r in ran]
+    ax_tps.bar([x - width / 2 for x in xs], measured, width, label="measured")
     ax_tps.bar([x + width / 2 for x in xs], [CARD[n][1] for n in names], width, label="seed card")
-    ax_tps.set_title(f"Output tok/s at C={ran[0].concurrency}")
+    per = f" ÷ {speed:g} (the emulated workers' --speed)" if speed else ""
+    ax_tps.set_title(f"Output tok/s at C={ran[0].concurrency}{per}")
     for ax in (ax_tau, ax_tps):
         ax.set_xticks(list(xs), names)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    figures.save(fig, path)
     plt.close(fig)
     return None

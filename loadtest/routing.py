@@ -15,9 +15,13 @@ completed requests. The emulators run at ``--speed`` (default 0.5: half a real n
 every tok/s scales with it): at C=128 that keeps the ~1000 SSE chunks/s of the gateway, the
 client and four emulators within a 2-core machine, and a run of 1000 prompts to about two
 minutes (12 runs: ~25 min for ``make bench-routing``); the gateway polls ``/v1/loads`` every
-``--loads-interval-s`` (0.5 s). Writes ``routing.json`` and ``routing.png`` to ``--out``.
+``--loads-interval-s`` (0.5 s). Writes ``routing.json`` and ``routing.png`` to ``--out``;
+``--docs`` also publishes the plot and the results into ``docs/img/`` and prints the table for
+``docs/benchmarks.md`` (``loadtest/figures.py``), and ``--replot FILE`` does the drawing and
+publishing from a saved ``routing.json`` without running anything.
 
     make bench-routing
+    make bench-routing DOCS=1
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 import httpx
 
 from app.config import POLICY_NAMES
-from loadtest import datasets, runner
+from loadtest import datasets, figures, runner
 from loadtest.processes import PYTHON, ProcessManager
 from loadtest.stats import summarize
 
@@ -66,6 +70,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="holds gsm8k/ and mbpp/ (default ../shared/datasets next to the checkout)",
     )
     p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="also write the plot and results to docs/img/ and print the page's table",
+    )
+    p.add_argument(
+        "--replot",
+        type=Path,
+        metavar="ROUTING_JSON",
+        help="run nothing: draw (and with --docs publish) a saved routing.json",
+    )
 
 
 def prompt_mix(datasets_dir: Path | None, count: int) -> tuple[list[str], list[str]]:
@@ -183,16 +198,29 @@ def verdicts(rows: list[dict[str, Any]], policy: str = "spare_capacity") -> list
     return out
 
 
-def write_png(path: Path, rows: list[dict[str, Any]]) -> str | None:
-    try:
-        import matplotlib
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The table ``docs/benchmarks.md`` shows beside the plot."""
+    lines = [
+        "| fleet | policy | output tok/s | TTFT p50 | TTFT p99 | completed | requests per worker |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        spread = " / ".join(str(n) for n in r["requests_per_worker"])
+        lines.append(
+            f"| {r['fleet']} | `{r['policy']}` | {r['output_tok_s']:.0f} | "
+            f"{r['ttft_p50_ms']:.0f} ms | {r['ttft_p99_ms']:.0f} ms | {r['completed']} | {spread} |"
+        )
+    return "\n".join(lines)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+
+def write_png(path: Path, rows: list[dict[str, Any]]) -> str | None:
+    """The plot, as PNG or SVG by ``path``'s suffix; returns a reason when none was drawn."""
+    try:
+        plt = figures.pyplot()
     except ImportError:
         return "matplotlib is not installed"
     fleets = [f for f in FLEETS if any(r["fleet"] == f for r in rows)]
-    fig, axes = plt.subplots(len(fleets), 2, figsize=(12, 3.6 * len(fleets)), squeeze=False)
+    fig, axes = plt.subplots(len(fleets), 2, figsize=(11, 3.4 * len(fleets)), squeeze=False)
     for row_axes, fleet in zip(axes, fleets, strict=True):
         runs = [r for r in rows if r["fleet"] == fleet]
         names = [r["policy"] for r in runs]
@@ -205,13 +233,15 @@ def write_png(path: Path, rows: list[dict[str, Any]]) -> str | None:
         for ax in row_axes:
             ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    figures.save(fig, path)
     plt.close(fig)
     return None
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.replot is not None:
+        data = json.loads(args.replot.read_text(encoding="utf-8"))
+        return report(data, args)
     started = time.time()
     prompts, used = prompt_mix(args.datasets_dir, args.num_prompts)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -241,16 +271,31 @@ def main(args: argparse.Namespace) -> int:
         "thinking": False,
         "started_unix": round(started, 3),
         "duration_s": round(time.time() - started, 3),
+        "argv": sys.argv[1:],
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "routing.json").write_text(
-        json.dumps({"meta": meta, "runs": rows, "verdicts": verdicts(rows)}, indent=2) + "\n"
-    )
+    data = {"meta": meta, "runs": rows, "verdicts": verdicts(rows)}
+    (args.out / "routing.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwrote {args.out / 'routing.json'}")
+    return report(data, args)
+
+
+def report(data: dict[str, Any], args: argparse.Namespace) -> int:
+    """Draw the run's plot into ``--out`` and, with ``--docs``, publish it for the docs."""
+    rows: list[dict[str, Any]] = data["runs"]
     why = write_png(args.out / "routing.png", rows)
-    print(
-        f"\nwrote {args.out / 'routing.json'}"
-        + (f" and {args.out / 'routing.png'}" if why is None else f" (no chart: {why})")
-    )
+    print(f"wrote {args.out / 'routing.png'}" if why is None else f"no chart: {why}")
+    if args.docs:
+        if why is not None:
+            print(f"--docs: no plot to publish ({why})", file=sys.stderr)
+            return 1
+        write_png(figures.DOCS_IMG / "routing.svg", rows)
+        figures.publish_json("routing", data)
+        print(
+            f"wrote {figures.DOCS_IMG / 'routing.svg'} and routing.json; the page's table "
+            f"(measured {figures.run_date(data['meta'])}):\n"
+        )
+        print(markdown_table(rows))
     failed = sum(r["failed"] for r in rows)
     if failed:
         print(f"{failed} request(s) failed", file=sys.stderr)

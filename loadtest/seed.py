@@ -3,7 +3,9 @@
 For each dataset: optional ``/flush_cache`` on the workers, a closed loop at ``--concurrency``
 (first C requests are warm-up), then the card's two numbers — acceptance length (unweighted mean
 of per-request values) and output tok/s — beside the card's, with their ratio, and a
-bench_serving-style latency summary. JSON and a PNG chart are written to ``--out``.
+bench_serving-style latency summary. JSON and a PNG chart are written to ``--out``; ``--docs``
+also publishes the chart and the results into ``docs/img/`` and prints the table for
+``docs/benchmarks.md`` (``loadtest/figures.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from loadtest import datasets, report, runner
+from loadtest import datasets, figures, report, runner
 from loadtest.processes import PYTHON, ProcessManager
 from loadtest.stats import mean, summarize
 
@@ -71,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path("bench-results"),
         help="directory for seed.json and seed.png",
+    )
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="also write the plot and results to docs/img/ and print the page's table",
     )
     p.add_argument(
         "--embedded",
@@ -192,13 +199,28 @@ def _measure(args: argparse.Namespace) -> int:
         "embedded_speed": args.speed if args.embedded else None,
         "started_unix": round(started, 3),
         "duration_s": round(time.time() - started, 3),
+        "argv": sys.argv[1:],
     }
     report.write_json(args.out / "seed.json", reports, meta)
-    why = report.write_png(args.out / "seed.png", reports)
+    why = report.write_png(args.out / "seed.png", reports, args.speed if args.embedded else None)
     print(
         f"\nwrote {args.out / 'seed.json'}"
         + (f" and {args.out / 'seed.png'}" if why is None else f" (no chart: {why})")
     )
+    if args.docs:
+        speed = args.speed if args.embedded else None
+        why = why or report.write_png(figures.DOCS_IMG / "seed.svg", reports, speed)
+        if why is not None:
+            print(f"--docs: no plot to publish ({why})", file=sys.stderr)
+            return 1
+        rows = [r.as_dict() for r in reports]
+        data: dict[str, Any] = {"meta": meta, "datasets": rows}
+        figures.publish_json("seed", data)
+        print(
+            f"wrote {figures.DOCS_IMG / 'seed.svg'} and seed.json; the page's table "
+            f"(measured {figures.run_date(meta)}):\n"
+        )
+        print(report.markdown_table(rows, speed))
     failed = sum(r.failed for r in reports)
     if failed:
         print(

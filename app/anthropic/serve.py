@@ -24,6 +24,7 @@ from app.anthropic.request import COUNTED, load, translate
 from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
+from app.door.checks import check_model
 from app.door.entry import Entry
 from app.door.keys import ANTHROPIC_KEY_TEXTS
 from app.errors import UpstreamBadResponse
@@ -38,6 +39,8 @@ from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
+# An unknown model's 404 on these routes ends with where Claude Code takes its model from.
+MODEL_HINT = "Claude Code: set ANTHROPIC_MODEL to one of them (or the gateway's model_aliases)."
 MESSAGES_ROUTE = "/v1/messages"
 COUNT_ROUTE = "/v1/messages/count_tokens"
 _SESSION = SESSION_HEADER.encode("ascii")
@@ -98,6 +101,9 @@ def api_key(read: dict[bytes, bytes]) -> str | None:
 def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
+    model = body.get("model")
+    if isinstance(model, str) and model:  # before the body: a 404 says what to set
+        check_model(gw, model, hint=MODEL_HINT)
     count = path == COUNT_ROUTE
     images = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
     translated = translate(body, max_messages=limits.max_messages, count_only=count, images=images)
@@ -140,6 +146,7 @@ def _entry(path: str, surface: MessagesSurface, name: str) -> Entry:
         anthropic_headers,
         operation(name),
         key_texts=ANTHROPIC_KEY_TEXTS,
+        model_hint=MODEL_HINT,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from app.accesslog import AccessRecord
 from app.door.reject import MODELS_ROUTE, NO_MODEL, OPS_ROUTES, REJECTED, client_text
-from app.door.request_id import request_id_of
+from app.door.request_id import client_request_id_of, request_id_of
 from app.gateway import Gateway
 from app.metrics import OTHER
 from app.proxy.downstream import Message, Receive, Send
@@ -59,6 +59,7 @@ class AccessMiddleware:
             route = path if path in self.known else OTHER
             end = gw.proxy.now()
             record = AccessRecord(request_id_of(scope), route, NO_MODEL, False, status=status)
+            record.client_request_id = client_request_id_of(scope)
             if route == OTHER:
                 record.method = client_text(scope["method"].encode("latin-1"))
                 raw = scope.get("raw_path") or path.encode("utf-8")

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable
 
 from app.door.keys import key_name
-from app.door.request_id import request_id_of
+from app.door.request_id import echo_id_of, request_id_of
 from app.door.visit import Visit
 from app.errors import (
     InvalidRequest,
@@ -27,8 +27,8 @@ from app.errors import (
     UnsupportedMediaType,
 )
 from app.gateway import Gateway
+from app.model_names import resolve, unknown_model
 from app.proxy.headers import client_headers
-from app.proxy.request import ParsedRequest
 from app.tenants.tenant import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,12 @@ _PRIORITY = PRIORITY_HEADER.lower().encode("ascii")
 
 
 class RequestId:
-    """The request's X-Request-Id: the client's if sane, else a new one (``request_id``)."""
+    """The request's ids: the gateway's own (``request_id``) and the ``X-Request-Id`` echoed
+    (``echo_id``: the client's if sane, else the gateway's)."""
 
     def check(self, visit: Visit) -> None:
         visit.request_id = request_id_of(visit.scope)
+        visit.echo_id = echo_id_of(visit.scope)
 
 
 class Trace:
@@ -161,20 +163,25 @@ class Model:
         self._gw = gw
 
     def check(self, visit: Visit) -> None:
-        assert visit.parsed is not None
-        check_model(self._gw, visit.parsed)
+        parsed = visit.parsed
+        assert parsed is not None
+        check_model(self._gw, parsed.model, parsed.served_model, visit.entry.model_hint)
 
 
-def check_model(gw: Gateway, parsed: ParsedRequest) -> None:
+def check_model(gw: Gateway, model: str, served_model: str | None = None, hint: str = "") -> None:
+    """``model`` (``served_model``: what it resolves to, when known) is served: else a 404 that
+    names the names that would work (``app.model_names``), then ``hint``; 503 while no healthy
+    worker serves any model."""
     served = gw.pool.served_models()
-    if parsed.served_model in served:
+    aliases = gw.settings.model_aliases
+    if (served_model or resolve(aliases, model)) in served:
         return
     if not served:
         raise ServiceUnavailable(
             "no healthy worker yet; try again shortly",
             retry_after=gw.settings.admission.retry_after_s,
         )
-    raise ModelNotFound(f"The model `{parsed.model}` does not exist.", param="model")
+    raise ModelNotFound(unknown_model(model, served, aliases, hint), param="model")
 
 
 def check_media_type(content_type: bytes | None, encoding: bytes | None) -> None:

@@ -26,13 +26,13 @@ from app.door import checks as door
 from app.door.entry import Entry
 from app.door.limits import KeyLimits
 from app.door.reject import refuse
-from app.door.request_id import outer_send, request_id_of
+from app.door.request_id import client_request_id_of, echo_id_of, outer_send, request_id_of
 from app.door.visit import Check, Visit
 from app.errors import GatewayError
 from app.gateway import Gateway
 from app.proxy.direct import direct_body
 from app.proxy.downstream import Receive, Send
-from app.proxy.forward import Job
+from app.proxy.job import Job
 from app.proxy.request import ParsedRequest
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
@@ -105,6 +105,8 @@ class Door:
                 visit.limit_headers,
                 key=visit.key,
                 duration_s=proxy.now() - visit.started,
+                client_request_id=client_request_id_of(scope),
+                echo_id=echo_id_of(scope),
             )
             return
         try:
@@ -122,7 +124,7 @@ class Door:
         assert parsed is not None and tenant is not None
         request_id = visit.request_id
         forwarded = visit.forwarded
-        forwarded.append((b"x-request-id", request_id.encode("ascii")))
+        forwarded.append((b"x-request-id", visit.echo_id.encode("ascii")))
         session = visit.read.get(_SESSION)
         ctx = RoutingContext(
             parsed.served_model,
@@ -142,6 +144,7 @@ class Door:
             route,
             parsed.served_model,
             parsed.stream,
+            client_request_id=client_request_id_of(visit.scope),
             key=visit.key,
             priority=tenant.priority_name,
         )
@@ -149,6 +152,7 @@ class Door:
             parsed,
             forwarded,
             request_id,
+            visit.echo_id,
             ctx,
             record,
             visit.started,

@@ -53,6 +53,8 @@ class Entry:
     load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]] | None = None
     # The 401's message when the key is missing or wrong (``app.door.keys``), in the API's words.
     key_texts: tuple[str, str] = OPENAI_KEY_TEXTS
+    # Added to an unknown model's 404: where the API's clients set the model, if it is known.
+    model_hint: str = ""
 
 
 def bearer(read: dict[bytes, bytes]) -> str | None:

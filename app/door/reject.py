@@ -63,6 +63,7 @@ def reject(
     key: str | None = None,
     duration_s: float | None = None,
     path: str | None = None,
+    client_request_id: str | None = None,
 ) -> None:
     """Record a request answered with ``error`` before any worker was asked (its model is not
     named: it may be any string a client sent). ``path``: the target's path (escaped) when
@@ -71,6 +72,7 @@ def reject(
     record = AccessRecord(
         request_id, route, NO_MODEL, False, key=key, status=error.status, outcome=REJECTED
     )
+    record.client_request_id = client_request_id
     record.path = path
     record.error = error.message
     if duration_s is not None:
@@ -104,8 +106,19 @@ async def refuse(
     *,
     key: str | None,
     duration_s: float,
+    client_request_id: str | None = None,
+    echo_id: str | None = None,
 ) -> None:
-    """Record ``error`` (``reject``) and answer it in ``shape``, with ``headers`` (the key's
-    rate-limit headers, once they are known)."""
-    reject(gw, route, request_id, error, key=key, duration_s=duration_s)
-    await send_error(send, error, request_id.encode("ascii"), shape, headers)
+    """Record ``error`` (``reject``) under ``request_id`` and answer it in ``shape``, with
+    ``headers`` (the key's rate-limit headers, once they are known) and ``echo_id`` (default:
+    ``request_id``) as its X-Request-Id."""
+    reject(
+        gw,
+        route,
+        request_id,
+        error,
+        key=key,
+        duration_s=duration_s,
+        client_request_id=client_request_id,
+    )
+    await send_error(send, error, (echo_id or request_id).encode("ascii"), shape, headers)

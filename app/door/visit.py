@@ -26,7 +26,7 @@ from app.proxy.downstream import Receive
 
 if TYPE_CHECKING:
     from app.door.entry import Entry
-    from app.proxy.forward import Job
+    from app.proxy.job import Job
     from app.proxy.request import ParsedRequest
     from app.tenants.tenant import Tenant
     from app.tracing.otel import RequestTrace
@@ -38,6 +38,7 @@ class Visit:
     request; ``error`` when a check refused it."""
 
     __slots__ = (
+        "echo_id",
         "entry",
         "error",
         "forwarded",
@@ -62,7 +63,8 @@ class Visit:
         self.scope = scope
         self.receive = receive
         self.started = started
-        self.request_id = ""
+        self.request_id = ""  # the gateway's own (records, log, trace)
+        self.echo_id = ""  # the X-Request-Id the client gets back and the worker is sent
         self.trace: RequestTrace | None = None
         self.read: dict[bytes, bytes] = {}  # the headers the entry reads
         self.forwarded: list[tuple[bytes, bytes]] = []  # the headers a worker gets

@@ -138,6 +138,8 @@ class EmulatorApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.worker.stats.close()
+                if self.worker.publisher is not None:
+                    self.worker.publisher.close()
                 if self.worker.disagg is not None:
                     await self.worker.disagg.close()
                 await send({"type": "lifespan.shutdown.complete"})

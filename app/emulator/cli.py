@@ -145,6 +145,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         f"(default {DEFAULT_PAGE_SIZE}, as SGLang sets for trtllm_mla)",
     )
     p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish the prefix cache's KV events on ZMQ in SGLang's format (vLLM's with "
+        "--engine vllm), e.g. "
+        '\'{"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}\'; '
+        '"bind": true binds a concrete address such as 127.0.0.1',
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' like SGLang's --api-key (health, readiness, "
@@ -262,6 +271,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         enable_cache_report=args.enable_cache_report,
         max_total_tokens=args.max_total_tokens,
         page_size=args.page_size,
+        kv_events_config=args.kv_events_config,
         enable_priority_scheduling=args.enable_priority_scheduling,
         abort_on_priority_when_disabled=args.abort_on_priority_when_disabled,
         api_key=args.api_key,
@@ -306,7 +316,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dflash-gateway emulate: {exc}", flush=True)
         return 2
-    app = create_emulator_app(config)
+    try:
+        app = create_emulator_app(config)
+    except OSError as exc:  # zmq.ZMQError: the KV events endpoint cannot be bound
+        print(f"dflash-gateway emulate: KV events: {exc}", flush=True)
+        return 1
     logging.getLogger("uvicorn.error").addFilter(_DropFilter())
     server = uvicorn.Server(
         uvicorn.Config(

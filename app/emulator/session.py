@@ -151,8 +151,12 @@ class Session:
         if self.active.aborted:
             return
         # The prompt's pages enter the cache once its prefill is done (SGLang's
-        # ``cache_unfinished_req``), its KV no longer counted outside the cache.
-        path = cache.insert(self.req.prompt, keys, held, w.running_tokens - w.cached_running_tokens)
+        # ``cache_unfinished_req``); what running requests hold outside it, this prompt's pages
+        # no longer counted there, bounds the cache.
+        outside = (
+            w.running_tokens - w.cached_running_tokens - (len(keys) - len(held)) * cache.page_size
+        )
+        path = cache.insert(self.req.prompt, keys, held, outside)
         self._release_path()
         self._hold(path)
 

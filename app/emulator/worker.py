@@ -14,6 +14,7 @@ from app.emulator.cache import DEFAULT_PAGE_SIZE, PrefixCache
 from app.emulator.disagg import DisaggConfig
 from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timing
 from app.emulator.faults import Faults, Gate
+from app.emulator.kv_events import KvEventPublisher, KvEventsConfig
 from app.emulator.metrics import EmulatorMetrics
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
 from app.emulator.roles import Side, make_side
@@ -52,6 +53,8 @@ class EmulatorConfig:
     # the prefix cache and the running requests share it (``app.emulator.cache``).
     max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS
     page_size: int = DEFAULT_PAGE_SIZE
+    # SGLang's / vLLM's --kv-events-config (JSON): publish the cache's changes (``kv_events``).
+    kv_events_config: str | None = None
     # SGLang's --enable-priority-scheduling / --abort-on-priority-when-disabled (engine.py).
     enable_priority_scheduling: bool = False
     abort_on_priority_when_disabled: bool = False
@@ -82,6 +85,8 @@ class EmulatorConfig:
             raise ValueError("page_size must be >= 1")
         if self.max_total_tokens < self.page_size:
             raise ValueError("max_total_tokens must be at least one page")
+        if self.kv_events_config is not None:
+            KvEventsConfig.parse(self.kv_events_config)
         if self.engine not in ("sglang", "vllm"):
             raise ValueError(f"unknown engine {self.engine!r}; one of sglang, vllm")
         self.faults.validate()
@@ -123,7 +128,17 @@ class Worker:
             priority_scheduling=config.enable_priority_scheduling,
             abort_on_priority=config.abort_on_priority_when_disabled,
         )
-        self.cache = PrefixCache(config.max_total_tokens, config.page_size)
+        self.kv_events = KvEventsConfig.parse(config.kv_events_config or "{}")
+        self.publisher = (
+            KvEventPublisher(self.kv_events, config.engine, config.page_size)
+            if self.kv_events.enabled
+            else None
+        )
+        self.cache = PrefixCache(
+            config.max_total_tokens,
+            config.page_size,
+            recorder=self.publisher.publish if self.publisher is not None else None,
+        )
         self.faults = Faults(**config.faults.snapshot())
         self.gate = Gate()
         self.stats = StatsBook(config.stats_file)

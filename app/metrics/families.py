@@ -28,7 +28,7 @@ RETRY_REASONS = frozenset(
     }
 )
 SOURCES = ("exact", "estimated")
-# ``stream_continuations_total{outcome}`` (``app.proxy.resume``): ok (the continuation relayed
+# ``stream_continuations_total{outcome}`` (``app.proxy.continuation``): ok (the continuation relayed
 # the rest of the stream), failed (it broke too), and why none was started: no_worker (no other
 # healthy worker), limit (retry.mid_stream_attempts used up), not_continuable (the stream had
 # tool-call deltas or its finish already).
@@ -38,7 +38,10 @@ VIOLATIONS = ("foreign_answer", "data_after_done")
 # Token quotas a request can be refused by (``tenants.*``).
 QUOTAS = ("tokens_per_min", "tokens_per_day")
 # The supervised background tasks (``app.background``); "usage" is the usage log's writer thread.
-BACKGROUND_TASKS = ("discovery", "health", "loads", "metrics", "keys", "usage")
+BACKGROUND_TASKS = ("discovery", "health", "loads", "metrics", "keys", "usage", "kv_events")
+# ``kv_events_blocks_total{worker,kind}`` / ``kv_events_tokens_total``: what the workers' KV
+# events reported (``app.workers.kv_events``).
+KV_EVENT_KINDS = ("stored", "removed")
 # What a shared limit store (Redis) holds: request rate + concurrency limits, token quotas.
 LIMIT_STORES = ("requests", "tokens")
 
@@ -133,6 +136,27 @@ class Families:
             "stream_continuations",
             "Broken streams continued on another worker, by outcome (docs/routing.md)",
             ("outcome",),
+        )
+        self.kv_event_blocks = counter(
+            "kv_events_blocks",
+            "Prefix-cache blocks the workers' KV events reported, by kind: stored, removed "
+            "(evicted, or dropped by the worker for any reason)",
+            ("worker", "kind"),
+        )
+        self.kv_event_tokens = counter(
+            "kv_events_tokens",
+            "Tokens in the blocks the workers' KV events reported stored or removed",
+            ("worker", "kind"),
+        )
+        self.kv_event_clears = counter(
+            "kv_events_clears", "AllBlocksCleared events (a flushed cache), by worker", ("worker",)
+        )
+        self.kv_event_gaps = counter(
+            "kv_events_gaps",
+            "KV event batches received after missed ones (first batch after subscribing, a "
+            "skipped or restarted sequence, an undecodable batch): the worker's cache state was "
+            "unknown until then",
+            ("worker",),
         )
         self.upstream_violations = counter(
             "upstream_violations",

@@ -463,11 +463,31 @@ class Metrics(Families):
         self._observe(self._child(self.queue_wait, priority), seconds)
 
     def record_kv_wait(self, model: str, seconds: float) -> None:
-        """A PD pair's KV-transfer wait (``app.proxy.pd``)."""
+        """A PD pair's KV-transfer wait (``app.proxy.dispatch.pd``)."""
         self._child(self.kv_transfer_wait, self._model(model)).observe(seconds)
 
     def record_attempt(self, worker: str, outcome: Outcome) -> None:
         self._inc(self._child(self.upstream_attempts, worker, outcome))
+
+    def record_kv_events(
+        self,
+        worker: str,
+        *,
+        stored: tuple[int, int] = (0, 0),
+        removed: tuple[int, int] = (0, 0),
+        clears: int = 0,
+        gap: bool = False,
+    ) -> None:
+        """One batch of a worker's KV events: (blocks, tokens) stored and removed."""
+        for kind, (blocks, tokens) in (("stored", stored), ("removed", removed)):
+            if blocks:
+                self._inc(self._child(self.kv_event_blocks, worker, kind), blocks)
+            if tokens:
+                self._inc(self._child(self.kv_event_tokens, worker, kind), tokens)
+        if clears:
+            self._inc(self._child(self.kv_event_clears, worker), clears)
+        if gap:
+            self._inc(self._child(self.kv_event_gaps, worker))
 
     def record_violation(self, worker: str, kind: str) -> None:
         """``kind``: one of ``VIOLATIONS``."""

@@ -139,8 +139,8 @@ class Attempt:
         self.reason: Outcome | None = None  # why it was ended from outside, if it was
         # What it fails with when ended for another worker's failure (``fail``), not its own.
         self._instead: UpstreamError | None = None
-        # With PD disaggregation, the prefill side (``app.proxy.pd.Pair.overdue``): asked when
-        # the attempt's deadline passes whether the failure is the prefill worker's instead.
+        # With PD disaggregation, the prefill side (``app.proxy.dispatch.pair.Pair.overdue``):
+        # asked when the attempt's deadline passes whether the failure is the prefill worker's.
         self.partner: Callable[[], UpstreamError | None] | None = None
 
     @property

@@ -82,13 +82,17 @@ MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 # Whether a JSON span may hold a media part, decided soundly without decoding it: a part's key
 # written plainly ends in ``_url"``; written any other way (``"image\\u005furl"``) it holds a
 # backslash. A span with neither has no media part; any other is decoded and its decoded keys
-# decide (never the raw bytes: the worker decodes escapes).
-_MAY_HOLD_MEDIA = re.compile(rb'_url"|\\')  # searches a buffer without copying it
+# decide (never the raw bytes: the worker decodes escapes). The backslash is looked for first
+# (in ``bytes`` a memchr; most prompts hold a ``\\n`` early), then the marker; each search
+# scans the buffer without copying it (one pattern with both alternatives is 8x slower).
+_MARKER = re.compile(re.escape(b'_url"'))
+_ESCAPE = re.compile(re.escape(b"\\"))
 
 
 def may_hold_media(span: Any) -> bool:
     """Whether the JSON text ``span`` (bytes-like) may hold a media part (see above)."""
-    return _MAY_HOLD_MEDIA.search(span) is not None
+    escaped = b"\\" in span if isinstance(span, bytes) else _ESCAPE.search(span) is not None
+    return escaped or _MARKER.search(span) is not None
 
 
 def _refuse(field: str, why: str) -> InvalidRequest:

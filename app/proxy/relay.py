@@ -28,10 +28,9 @@ from collections.abc import Callable
 from app.errors import UpstreamBadResponse, UpstreamStreamBroken
 from app.proxy.answer import NotJSON
 from app.proxy.attempt import Attempt
+from app.proxy.continuation import Continuation, KeptReads, Resume
 from app.proxy.downstream import Downstream
 from app.proxy.request import ParsedRequest, Route
-from app.proxy.resume import Resume, Stream
-from app.proxy.surface import Observer
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
 from app.workers.worker import Worker
@@ -74,9 +73,7 @@ async def relay_stream(
     *,
     expose: bool = False,
     stray: Callable[[], None] | None = None,
-    obs: Observer | None = None,
-    keep: Stream | None = None,
-    resume: Resume | None = None,
+    cont: Continuation | None = None,
 ) -> None:
     """Relay an attempt's SSE stream, noting in ``attempt.tally`` what passes (the commit point:
     ``first_at``, the first data event relayed); raises an ``UpstreamError`` if the stream fails
@@ -89,11 +86,15 @@ async def relay_stream(
     response's end follows with no byte more; data after ``[DONE]`` closes it and calls
     ``stray()`` (the client's answer stands: the worker is not blamed for it).
 
-    A continuable stream (``app.proxy.resume``) passes its observer ``obs`` (it outlives the
-    attempt) and ``keep``, which holds a reference to each read relayed; a continuation passes
-    ``resume`` too, which its reads go through first."""
-    if obs is None:
+    A continuable stream passes its ``Continuation`` (``app.proxy.continuation``): its observer
+    (it outlives the attempt), its kept reads (a reference to each read relayed) and, going on
+    after a broken attempt, the ``Resume`` its reads go through first."""
+    keep: KeptReads | None = None
+    resume: Resume | None = None
+    if cont is None:
         obs = request.surface.observer(request, expose=expose)
+    else:
+        obs, keep, resume = cont.obs, cont.kept, cont.resume
     if resume is None:
         obs.expect = expected_id(attempt, request)
     feed = obs.feed if resume is None else resume.wrap(obs.feed)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import InvalidRequest
+from app.responses.names import Names
 from app.responses.tools import flat
 
-_TEXT_PARTS = frozenset({"input_text", "output_text"})
+_TEXT_PARTS = Names({"input_text", "output_text"})
 
 
 def _fail(message: str, param: str | None = None) -> InvalidRequest:

@@ -61,6 +61,7 @@ import orjson
 from app.errors import InvalidRequest
 from app.proxy.metadata import check_metadata
 from app.responses.items import input_messages
+from app.responses.names import Names
 from app.responses.tools import echo_tools, tool_choice, tools
 
 MAX_DEPTH = 64
@@ -105,8 +106,8 @@ TRANSLATED = frozenset(
         "top_logprobs",
     }
 )
-_EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max"})
-_SUMMARIES = frozenset({"auto", "concise", "detailed"})
+_EFFORTS = Names({"minimal", "low", "medium", "high", "xhigh", "max"})
+_SUMMARIES = Names({"auto", "concise", "detailed"})
 
 
 @dataclass(slots=True)

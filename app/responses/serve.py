@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from app.door.checks import check_model
 from app.door.entry import Entry, Operation, bearer
 from app.errors import GatewayError, InvalidRequest
 from app.gateway import Gateway
@@ -35,6 +36,8 @@ from app.tenants.headers import openai_headers
 log = logging.getLogger(__name__)
 
 RESPONSES_ROUTE = "/v1/responses"
+# An unknown model's 404 here ends with where Codex CLI takes its model from.
+MODEL_HINT = "Codex CLI: set model to one of them in its config.toml."
 
 
 class ResponsesShape:
@@ -114,6 +117,9 @@ def _too_large(limit: int, stored: int, sent: int) -> InvalidRequest:
 async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
     limits, aliases = gw.settings.limits, gw.settings.model_aliases
     body = load(raw)
+    model = body.get("model")
+    if isinstance(model, str) and model:  # before the input, as the other surfaces do
+        check_model(gw, model, hint=MODEL_HINT)
     store = gw.responses
     history = None
     stored = 0  # the JSON size of the stored conversation continued
@@ -184,6 +190,7 @@ ENTRY = Entry(
     openai_headers,
     Operation("responses", _BODY, completion_responses()),
     load=_load,
+    model_hint=MODEL_HINT,
 )
 # The Responses surface, by path: ``app.surfaces`` lists it.
 ENTRIES = {RESPONSES_ROUTE: ENTRY}

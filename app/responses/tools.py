@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import InvalidRequest
+from app.responses.names import Names
 
 
 def _fail(message: str, param: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
-HOSTED_TOOLS = frozenset(
+HOSTED_TOOLS = Names(
     {
         "web_search",
         "web_search_preview",

@@ -21,7 +21,7 @@ from app.accesslog import AccessRecord
 from app.api.ops import exposition
 from app.door.keys import ops_key_of
 from app.door.reject import NO_MODEL, REJECTED
-from app.door.request_id import request_id_of
+from app.door.request_id import client_request_id_of, echo_id_of, request_id_of
 from app.errors import GatewayError, MethodNotAllowed, NotFound
 from app.gateway import Gateway
 from app.metrics import CONTENT_TYPE, OTHER
@@ -51,6 +51,7 @@ def metrics_app(gateway: Gateway) -> Any:
         record = AccessRecord(
             request_id, "/metrics" if path == "/metrics" else OTHER, NO_MODEL, False, status=status
         )
+        record.client_request_id = client_request_id_of(scope)
         if error is not None:
             record.outcome, record.error = REJECTED, error.message
         gateway.access.emit(record)
@@ -61,7 +62,7 @@ def metrics_app(gateway: Gateway) -> Any:
                 "headers": [
                     (b"content-type", ctype),
                     (b"content-length", str(len(body)).encode()),
-                    (b"x-request-id", request_id.encode("ascii")),
+                    (b"x-request-id", echo_id_of(scope).encode("ascii")),
                 ],
             }
         )

@@ -4,7 +4,7 @@
 A request's tokens are known only when its answer ends, so a quota is checked before a request runs
 and charged after: ``check`` refuses a key that is already at or over a quota (429, with
 ``Retry-After`` the seconds until the window has freed enough to be under it again), ``charge`` adds
-the answer's tokens once it ended (estimated, ``app.door.limits.unreported_tokens``, when the worker
+the answer's tokens once it ended (estimated, ``app.proxy.unreported``, when the worker
 reported none: a stream cut before its usage chunk, a whole answer the client hung up on, an answer
 without ``usage``). Requests admitted while the key was under its quota all run to the end, so a key
 can overshoot by what its requests in flight then use; the next ones wait the longer for it.

@@ -6,15 +6,20 @@ ends: the ones the proxy ran and the ones refused at the door (401 aside: with k
 request without a valid key belongs to no one, and unauthenticated traffic must not be able to
 rotate billable lines away). Refused requests carry zero tokens. Fields, in this order::
 
-    time (RFC 3339 UTC, when the answer ended), request_id, key, priority, model, worker, route,
+    time (RFC 3339 UTC, when the answer ended), request_id (the gateway's own, unique),
+    client_request_id (the client's X-Request-Id, escaped; null without one), key, priority,
+    model, worker, route,
     stream, status, outcome, prompt_tokens, completion_tokens, reasoning_tokens, accept_length,
     ttft_ms, duration_ms, attempts, continuations, continuation_prompt_tokens,
-    tokens_estimated
+    tokens_estimated, usage_estimated
 
-A continued stream (``app.proxy.resume``) counts every attempt: its ``prompt_tokens`` include the
-continuations' prompts (the conversation plus the answer streamed so far, read again by the next
-worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every token streamed;
-``tokens_estimated`` is true when the tokens streamed before a break had to be estimated.
+A continued stream (``app.proxy.continuation``) counts every attempt: its ``prompt_tokens``
+include the continuations' prompts (the conversation plus the answer streamed so far, read again
+by the next worker), ``continuation_prompt_tokens`` of them, and ``completion_tokens`` every
+token streamed; ``tokens_estimated`` is true when the tokens streamed before a break had to be
+estimated. ``usage_estimated`` is true when the worker reported no usage at all (a stream cut
+before its usage chunk, a whole answer the client hung up on): the tokens are then the estimate
+its key's quotas were charged (``app.proxy.unreported``), never 0 for an answer that was relayed.
 
 ``UsageLog.write`` is a deque append: it never blocks, and the request does no formatting and
 no I/O. One background thread turns the queued records into lines and writes them in batches,
@@ -71,6 +76,7 @@ def usage_line(ended: str, r: AccessRecord) -> bytes:
     doc = {
         "time": ended,
         "request_id": r.request_id,
+        "client_request_id": r.client_request_id,
         "key": r.key,
         "priority": r.priority,
         "model": r.model,
@@ -89,6 +95,7 @@ def usage_line(ended: str, r: AccessRecord) -> bytes:
         "continuations": r.continuations,
         "continuation_prompt_tokens": r.continuation_prompt_tokens,
         "tokens_estimated": r.tokens_estimated,
+        "usage_estimated": r.usage_estimated,
     }
     return orjson.dumps(doc) + b"\n"
 

@@ -50,7 +50,7 @@ Clock = Callable[[], float]
 Headers = list[tuple[bytes, bytes]]
 
 
-# What the spans read of the proxy's request (``app.proxy.forward.Job``) and of one attempt
+# What the spans read of the proxy's request (``app.proxy.job.Job``) and of one attempt
 # (``app.proxy.attempt.Attempt``): the proxy sits above tracing and hands itself in.
 class _Named(Protocol):
     @property
@@ -273,6 +273,7 @@ class RequestTrace:
             "dflash.queue_wait_s": queue_wait_s,
         }
         optional: dict[str, AttributeValue | None] = {
+            "dflash.client_request_id": record.client_request_id,
             "dflash.key": record.key,
             "dflash.priority": record.priority,
             "dflash.worker": record.worker,
@@ -281,6 +282,7 @@ class RequestTrace:
             "dflash.reasoning_tokens": record.reasoning_tokens,
             "dflash.accept_length": record.accept_length,
             "dflash.ttft_ms": record.ttft_ms,
+            "dflash.usage_estimated": True if record.usage_estimated else None,
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         self._end(attributes, record.status, record.error, end)

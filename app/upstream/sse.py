@@ -189,7 +189,7 @@ class StreamState:
         "usage",
     )
     # The observer holds back a worker-fault in-band error itself when ``hold_errors`` is set
-    # (``app.proxy.resume``); else the caller looks for one before feeding it.
+    # (``app.proxy.continuation``); else the caller looks for one before feeding it.
     holds_errors = False
 
     def __init__(self) -> None:
@@ -229,8 +229,8 @@ class StreamState:
         return chunk, end
 
     def resumed(self) -> None:
-        """The stream goes on from another attempt (``app.proxy.resume``): the unfinished event
-        the broken one left is dropped (its client never saw it), and so is its end."""
+        """The stream goes on from another attempt (``app.proxy.continuation``): the unfinished
+        event the broken one left is dropped (its client never saw it), and so is its end."""
         self._carry = b""
         self.done = self.after_done = False
         self.broken = None

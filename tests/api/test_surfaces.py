@@ -9,7 +9,7 @@ import orjson
 from app.errors import UnsupportedMediaType
 from app.proxy.surface import CHAT, COMPLETIONS, OPENAI
 from app.surfaces import BY_PATH, ROUTES, SURFACES, shape_of
-from tests.support.gateway import FakeWorker, GatewayHarness
+from tests.support.gateway import MODEL, FakeWorker, GatewayHarness
 
 
 def test_the_table_lists_every_api_and_chat_is_a_peer_surface() -> None:
@@ -49,3 +49,31 @@ async def test_every_route_is_served_declared_and_counted() -> None:
         assert ex.status == 415  # the door ran, not FastAPI's 404
         expected = orjson.loads(entry.surface.shape.error_json(UnsupportedMediaType("x")))
         assert set(ex.json()) == set(expected)
+
+
+async def test_an_unknown_model_is_told_what_would_work_on_every_surface() -> None:
+    """Every surface's 404 names the served model and the aliases (patterns too); Messages adds
+    Claude Code's variable, Responses Codex's setting; Responses checks the model before its
+    input, as chat and Messages do (an input it would refuse still gets the 404)."""
+    aliases = {"model_aliases": {"kimi-k2.5": MODEL, "claude-*": MODEL}}
+    user = [{"role": "user", "content": "hi"}]
+    bodies = {
+        "/v1/chat/completions": {"model": "gpt-x", "messages": user},
+        "/v1/completions": {"model": "gpt-x", "prompt": "hi"},
+        "/v1/messages": {"model": "gpt-x", "max_tokens": 8, "messages": user},
+        "/v1/messages/count_tokens": {"model": "gpt-x", "messages": user},
+        "/v1/responses": {"model": "gpt-x", "input": [{"type": "additional_tools", "tools": []}]},
+    }
+    async with GatewayHarness([FakeWorker()], **aliases) as gw:
+        answers = {path: await gw.post(path, body) for path, body in bodies.items()}
+        card = await gw.request("GET", "/v1/models/gpt-x")
+        by_pattern = await gw.request("GET", "/v1/models/claude-opus-5-5")
+    listed = f"Use one of: {MODEL}, kimi-k2.5, claude-* (GET /v1/models)."
+    for path, answer in [*answers.items(), ("/v1/models/gpt-x", card)]:
+        doc = answer.json()
+        assert answer.status == 404, (path, doc)
+        message = doc["error"]["message"]
+        assert message.startswith("The model `gpt-x` does not exist.") and listed in message
+        assert ("ANTHROPIC_MODEL" in message) == path.startswith("/v1/messages"), message
+        assert ("config.toml" in message) == (path == "/v1/responses"), message
+    assert by_pattern.status == 200 and by_pattern.json()["root"] == MODEL

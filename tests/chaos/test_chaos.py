@@ -1,6 +1,6 @@
 """The short chaos run (``make chaos`` runs it for 5 minutes): 3 emulated workers with stats files,
 64 concurrent streams, one worker SIGKILLed every 10 s and restarted, for 30 s. Streams cut by a
-kill are continued on another worker (``app.proxy.resume``): every request ends complete, each
+kill are continued on another worker (``app.proxy.continuation``): every request ends complete, each
 stream exactly the one a worker produces uninterrupted (text, text chunks, finish_reason)."""
 
 from __future__ import annotations

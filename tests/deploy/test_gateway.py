@@ -3,13 +3,17 @@ the gateway's own Settings), keys from Secrets, RBAC, Ingress, HPA, PDB, Network
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from app.__main__ import build_parser
-from app.config import ENV_PREFIX, load_settings
+from app.config import ENV_PREFIX, Settings, load_settings
+from app.media_policy import CLUSTER_SUFFIXES
 from tests.deploy.conftest import NAMESPACE, RELEASE, VALUE_SETS, Manifests, container, pod_spec
 
 
@@ -253,7 +257,10 @@ def test_network_policies_let_only_the_gateway_reach_workers(
     assert _selects(
         worker_np["podSelector"]["matchLabels"], m.workers["spec"]["template"]["metadata"]["labels"]
     )
-    [rule] = worker_np["ingress"]
+    rule, kv_rule = worker_np["ingress"]  # the worker port; the KV events port (kvEvents on)
+    assert kv_rule["ports"] == [{"port": "kv-events", "protocol": "TCP"}]
+    kv_peers = [p["podSelector"]["matchLabels"] for p in kv_rule["from"]]
+    assert [_selects(p, gateway_labels) for p in kv_peers] == [True]
     pod_peers = [p["podSelector"]["matchLabels"] for p in rule["from"] if "podSelector" in p]
     assert [_selects(p, gateway_labels) for p in pod_peers] == [True]
     assert not any(_selects(p, test_labels) for p in pod_peers)
@@ -279,6 +286,83 @@ def test_network_policies_let_only_the_gateway_reach_workers(
     default = {p["metadata"]["name"]: p for p in render().all("NetworkPolicy")}
     assert "from" not in default["ci-dflash-gateway"]["spec"]["ingress"][0]
     assert render("external-workers").all("NetworkPolicy") == []
+
+
+def test_workers_egress_policy_is_opt_in_and_reaches_only_dns_and_public_addresses(
+    render: Callable[..., Manifests],
+) -> None:
+    """networkPolicy.workersEgress: off by default; on, the workers reach the cluster DNS, public
+    addresses on 443 and the extra rules, and nothing the media-URL policy refuses."""
+    assert not any(p["metadata"]["name"].endswith("-egress") for p in render().all("NetworkPolicy"))
+    m = render("ingress-hpa-netpol")
+    policy = m.one("NetworkPolicy", "ci-dflash-gateway-worker-egress")["spec"]
+    assert policy["policyTypes"] == ["Egress"]
+    assert _selects(
+        policy["podSelector"]["matchLabels"], m.workers["spec"]["template"]["metadata"]["labels"]
+    )
+    assert not _selects(
+        policy["podSelector"]["matchLabels"], m.gateway["spec"]["template"]["metadata"]["labels"]
+    )
+    dns, public, extra = policy["egress"]
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert public["ports"] == [{"port": 443, "protocol": "TCP"}]
+    blocks = [peer["ipBlock"] for peer in public["to"]]
+    assert set(peer for peer in public["to"][0]) == {"ipBlock"}
+    # Every address the media-URL policy refuses is outside the public blocks.
+    for address in (
+        "169.254.169.254",
+        "10.96.0.1",
+        "172.20.0.5",
+        "192.168.1.1",
+        "127.0.0.1",
+        "100.64.0.1",
+        "fd00::1",
+        "fe80::1",
+        "::ffff:169.254.169.254",
+        "2002:a9fe:a9fe::",
+        "64:ff9b::a9fe:a9fe",
+    ):
+        assert not _in_blocks(address, blocks), address
+    for address in ("8.8.8.8", "1.1.1.1", "2606:4700:4700::1111"):
+        assert _in_blocks(address, blocks), address
+    assert extra == {
+        "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+        "ports": [{"port": 443, "protocol": "TCP"}],
+    }
+    # Off with the workers: nothing to restrict.
+    assert (
+        render("external-workers", "--set", "networkPolicy.workersEgress.enabled=true").all(
+            "NetworkPolicy"
+        )
+        == []
+    )
+
+
+def _in_blocks(address: str, blocks: list[dict[str, Any]]) -> bool:
+    ip = ipaddress.ip_address(address)
+    return any(
+        ip.version == ipaddress.ip_network(b["cidr"]).version
+        and ip in ipaddress.ip_network(b["cidr"])
+        and not any(ip in ipaddress.ip_network(e) for e in b.get("except", ()))
+        for b in blocks
+    )
+
+
+def test_the_gateway_refuses_media_urls_naming_its_own_namespace(
+    render: Callable[..., Manifests],
+) -> None:
+    """The rendered settings keep the gateway's cluster suffixes and add the release's and the
+    workers' namespaces (a Service there is ``name.namespace``)."""
+    for extra, namespaces in (
+        ((), [NAMESPACE]),
+        (("--set", "gateway.discovery.namespace=gpu"), [NAMESPACE, "gpu"]),
+    ):
+        m = render("default", *extra)
+        gateway_yaml = m.one("ConfigMap", f"{RELEASE}-dflash-gateway")["data"]["gateway.yaml"]
+        suffixes = yaml.safe_load(gateway_yaml)["limits"]["image_url_cluster_suffixes"]
+        assert suffixes == [*CLUSTER_SUFFIXES, *namespaces]
+        assert Settings(limits={"image_url_cluster_suffixes": suffixes})
 
 
 def test_helm_test_pod_sends_one_chat_completion(render: Callable[..., Manifests]) -> None:

@@ -165,6 +165,11 @@ def test_workers_reach_each_other(render: Callable[..., Manifests]) -> None:
     }
     assert {"from": [worker_peer]} in worker_rules(render(PD))
     assert all(worker_peer not in r.get("from", []) for r in worker_rules(render()))
+    # With the workers' egress restricted, they may still reach each other (and only PD's do).
+    egress = render(PD).one("NetworkPolicy", f"{FULL}-worker-egress")["spec"]["egress"]
+    assert {"to": [worker_peer]} in egress
+    whole = render("ingress-hpa-netpol").one("NetworkPolicy", "ci-dflash-gateway-worker-egress")
+    assert all(worker_peer not in rule.get("to", []) for rule in whole["spec"]["egress"])
 
 
 def test_worker_servicemonitor_scrapes_both_roles(render: Callable[..., Manifests]) -> None:

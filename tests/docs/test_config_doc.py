@@ -106,14 +106,16 @@ class _Undocumented(BaseSettings):
 
 def test_descriptions_come_from_comments_docstrings_and_fields() -> None:
     page = config_doc.render(_Settings)
-    assert "| `top`<br>`DFLASH_GATEWAY_TOP` | boolean | `false` | A top-level setting. |" in page
+    assert (
+        "| `top`<br>`DFLASH_GATEWAY_TOP` | A top-level setting.<br>*boolean*; default: `false` |"
+    ) in page
     assert "## `section`\n\nA section's docstring." in page
     assert (
-        "| `section.commented`<br>`DFLASH_GATEWAY_SECTION__COMMENTED` | integer | `1` | "
-        "Described by the comment above it, over two lines. |"
+        "| `section.commented`<br>`DFLASH_GATEWAY_SECTION__COMMENTED` | "
+        "Described by the comment above it, over two lines.<br>*integer*; default: `1` |"
     ) in page
-    assert "| `2.0` | Described at the end of its line |" in page
-    assert "| `x` | Described by Field(description=...). |" in page
+    assert "| Described at the end of its line<br>*number*; default: `2.0` |" in page
+    assert "| Described by Field(description=...).<br>*string*; default: `x` |" in page
 
 
 def test_a_setting_without_description_is_refused() -> None:

@@ -42,6 +42,20 @@ def gateway(
     )
 
 
+def make_run(procs: ProcessManager, env: dict[str, str] | None = None) -> ManagedProcess:
+    """``make run``: ``serve`` with no workers and no keys (the embedded default: emulated
+    workers on free ports)."""
+    defaults = {"DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0", "DFLASH_GATEWAY_EMBEDDED__SPEED": "20"}
+    return procs.start(
+        [PYTHON, "-m", "app", "serve", "--port", "{port}"],
+        name="serve",
+        ready_path="/readyz",
+        ready_status=200,
+        timeout=60,
+        env={**defaults, **(env or {})},
+    )
+
+
 def poll(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
-from tests.e2e.conftest import emulator, gateway
-from tests.support.procs import PYTHON, ManagedProcess, managed_processes
+from tests.e2e.conftest import emulator, gateway, make_run
+from tests.support.procs import ManagedProcess, managed_processes
 from tests.support.tools import npm_tool
 
 pytestmark = pytest.mark.processes
@@ -49,18 +50,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
 
 
 @pytest.fixture(scope="module")
-def make_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    """``make run``: ``serve`` with no workers and no keys (its emulated workers on free ports)."""
-    env = {
-        "DFLASH_GATEWAY_EMBEDDED__BASE_PORT": "0",
-        "DFLASH_GATEWAY_EMBEDDED__SPEED": "20",
-        "DFLASH_GATEWAY_LOG_JSON": "1",
-    }
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """``make run``'s gateway (no workers, no keys: its own emulated workers)."""
     with managed_processes(tmp_path_factory, "claude-code-make-run") as manager:
-        argv = [PYTHON, "-m", "app", "serve", "--port", "{port}"]
-        yield manager.start(
-            argv, name="serve", ready_path="/readyz", ready_status=200, timeout=60, env=env
-        )
+        yield make_run(manager, {"DFLASH_GATEWAY_LOG_JSON": "1"})
 
 
 @dataclass
@@ -105,14 +98,14 @@ def readme_env(gw: ManagedProcess, key_variable: str) -> dict[str, str]:
 
 
 def test_make_run_answers_claude_code_given_only_a_base_url_and_a_token(
-    claude: str, make_run: ManagedProcess, tmp_path: Path
+    claude: str, embedded: ManagedProcess, tmp_path: Path
 ) -> None:
     """No ANTHROPIC_MODEL: Claude Code sends its own default (claude-opus-...), which the
     embedded default's ``claude-*`` alias serves; the answer carries the name it asked for."""
-    env = {"ANTHROPIC_BASE_URL": make_run.url, "ANTHROPIC_AUTH_TOKEN": "any-token"}
+    env = {"ANTHROPIC_BASE_URL": embedded.url, "ANTHROPIC_AUTH_TOKEN": "any-token"}
     run = run_claude(
         claude,
-        make_run,
+        embedded,
         tmp_path,
         "Say hello",
         "--output-format",
@@ -206,3 +199,27 @@ def test_the_answer_streams(claude: str, gw: ManagedProcess, tmp_path: Path) -> 
     assert len(deltas) > 1  # piece by piece, as the worker generated it
     final = events[-1]
     assert final["type"] == "result" and final["result"] == "".join(deltas)
+
+
+def test_without_anthropic_model_the_refusal_names_the_model_it_asked_for(
+    claude: str, gw: ManagedProcess, tmp_path: Path
+) -> None:
+    """A gateway with real workers serves no ``claude-*`` names unless told to. Its 404 (in
+    Anthropic's shape, as Anthropic answers an unknown model) says to set ANTHROPIC_MODEL; Claude
+    Code shows its own text for any 404 instead, naming the model it sent and ``--model``."""
+    env = {"ANTHROPIC_BASE_URL": gw.url, "ANTHROPIC_AUTH_TOKEN": KEY}
+    run = run_claude(claude, gw, tmp_path, "Say hello", **env)
+    assert run.returncode != 0
+    shown = run.stdout + run.stderr
+    assert "issue with the selected model (claude-" in shown and "--model" in shown, shown
+    refused = [r for r in run.requests if r["route"] == "/v1/messages"]
+    assert refused and all(r["status"] == 404 for r in refused), run.requests
+    # What the gateway answered it (an Anthropic SDK shows the message as it is).
+    body = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    answer = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=10)
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 404 and "ANTHROPIC_MODEL" in message and MODEL in message

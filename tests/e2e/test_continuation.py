@@ -1,8 +1,9 @@
-"""Streams that survive their worker (``app.proxy.resume``), with real processes: three emulated
-workers, two of which drop every stream's connection after some events, and a gateway in front
-of them. Whatever worker a stream starts on, its client (curl-like httpx, the openai SDK, the
-anthropic SDK, the Responses API through the openai SDK) sees one ordinary stream with exactly
-the text the worker would have produced; with every worker failing, the in-band error as before.
+"""Streams that survive their worker (``app.proxy.continuation``), with real processes: three
+emulated workers, two of which drop every stream's connection after some events, and a gateway
+in front of them. Whatever worker a stream starts on, its client (curl-like httpx, the openai
+SDK, the anthropic SDK, the Responses API through the openai SDK) sees one ordinary stream with
+exactly the text the worker would have produced; with every worker failing, the in-band error as
+before.
 """
 
 from __future__ import annotations
@@ -321,6 +322,7 @@ def test_usage_covers_every_attempt_as_the_workers_counted_it(fresh: Stack) -> N
             headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
             timeout=60,
         )
+        request_id = response.headers["x-request-id"]  # the gateway's own: the workers get it
         usage = chunks_of(events_of(response.text))[-1]["usage"]
         records = {
             emu.url: [r for r in fresh.stats(emu)["requests"] if r["request_id"] == request_id]
@@ -387,6 +389,7 @@ def test_reasoning_tokens_cover_every_attempt_of_a_stream_broken_while_thinking(
                 headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
                 timeout=60,
             )
+            request_id = response_.headers["x-request-id"]  # the gateway's own: the workers get it
             usage = chunks_of(events_of(response_.text))[-1]["usage"]
             attempts = [
                 r
@@ -424,6 +427,7 @@ def test_reasoning_tokens_of_a_stream_broken_after_its_answer_began(fresh: Stack
             headers={"authorization": f"Bearer {KEY}", "x-request-id": request_id},
             timeout=60,
         )
+        request_id = response.headers["x-request-id"]  # the gateway's own: the workers get it
         got = chunks_of(events_of(response.text))
         attempts = [
             r

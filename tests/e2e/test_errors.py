@@ -101,7 +101,7 @@ def test_worker_dying_mid_stream_gives_an_error_event_then_done(fresh: Stack) ->
     assert events[-1] == "[DONE]"
     assert orjson.loads(events[-2])["error"]["code"] == "stream_interrupted"
     # Three events from the first worker, two more from the other continuing the stream (its
-    # role chunk is not relayed: app.proxy.resume), which breaks too; then the error, [DONE].
+    # role chunk is not relayed: app.proxy.continuation), which breaks too; then the error, [DONE].
     assert len(events) == 3 + 2 + 2
     assert all("error" not in orjson.loads(e) for e in events[:5])
 

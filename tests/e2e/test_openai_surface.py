@@ -171,7 +171,8 @@ def test_chat_n_exact_acceptance_header(gw: ManagedProcess) -> None:
     assert response.status_code == 200
     doc = response.json()
     assert all("meta_info" not in c for c in doc["choices"])  # the gateway's own field, taken
-    records = truth(gw, {"first", "second"}, request_id="surface-exact-n2")
+    # The workers get the gateway's own id (the client's is only logged).
+    records = truth(gw, {"first", "second"}, request_id=response.headers["x-request-id"])
     assert [r["index"] for r in records] == [0, 1]
     assert doc["id"] == records[0]["rid"]  # the response carries the first choice's id
     assert doc["usage"]["completion_tokens"] == sum(r["completion_tokens"] for r in records)
@@ -252,6 +253,7 @@ def test_client_disconnect_ends_every_choice(gw: ManagedProcess) -> None:
         with httpx.Client(timeout=30) as client:
             url = gw.url + "/v1/chat/completions"
             with client.stream("POST", url, json=body, headers=headers) as response:
+                request_id = response.headers["x-request-id"]  # the gateway's: the workers get it
                 lines = response.iter_lines()
                 while not next(lines).startswith("data: "):
                     pass
@@ -260,7 +262,7 @@ def test_client_disconnect_ends_every_choice(gw: ManagedProcess) -> None:
                         httpx.get(u + "/emulator/gate", timeout=5).json()["held"] for u in workers
                     )
                 )
-        records = truth(gw, {"first", "second"}, request_id="surface-disconnect-n2")
+        records = truth(gw, {"first", "second"}, request_id=request_id)
     finally:
         for url in workers:
             httpx.post(url + "/emulator/gate", json={"release": True}, timeout=5)

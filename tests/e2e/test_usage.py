@@ -285,3 +285,63 @@ def test_each_gateway_process_writes_its_own_file(procs: ProcessManager, tmp_pat
     for line in lines:
         s = by_id[line["request_id"]]
         assert (line["prompt_tokens"], line["completion_tokens"]) == _tokens(s.usage)[:2]
+
+
+def test_a_clients_x_request_id_never_becomes_the_records_id(
+    procs: ProcessManager, tmp_path: Path
+) -> None:
+    """Clients that all send ``X-Request-Id: same`` (once, twice, or with bytes a log must not
+    take as they are) each get a line of their own: its ``request_id`` the gateway's, unique, the
+    access line's; the client's value beside it as ``client_request_id``, escaped and capped. A
+    billing job de-duplicating by ``request_id`` counts every request. The client still gets its
+    own sane id back (and the worker is sent it); an unusable one gets the gateway's id back."""
+    emu = emulator(procs, "emu", "--seed", "3")
+    path = tmp_path / "usage.jsonl"
+    gw = start_gateway(procs, emu, tmp_path, path, DFLASH_GATEWAY_LOG_JSON="1")
+    hostile = 'a "b"\t\xff' + "x" * 300  # spaces, quotes, a tab, a non-ASCII byte
+    sent: list[tuple[str, str]] = []  # (the response's X-Request-Id, what the client sent)
+    with httpx.Client(timeout=60) as client:
+        for stream in (False, True, False):
+            sent.append(
+                (
+                    send(
+                        client, gw.url, "team-a", stream=stream, headers={"X-Request-Id": "same"}
+                    ).request_id,
+                    "same",
+                )
+            )
+        twice = [
+            ("authorization", f"Bearer {KEYS['team-b']}"),
+            ("x-request-id", "same"),
+            ("x-request-id", "other"),
+        ]
+        body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        response = client.post(gw.url + "/v1/chat/completions", json=body, headers=twice)
+        assert response.status_code == 200
+        sent.append((response.headers["x-request-id"], "same"))
+        refused = client.post(
+            gw.url + "/v1/chat/completions",
+            json={**body, "model": "nope"},
+            headers={**dict(twice[:1]), "x-request-id": hostile.encode("latin-1")},
+        )
+        assert refused.status_code == 404
+        sent.append((refused.headers["x-request-id"], hostile))
+    access = {}
+    for line in gw.logs().splitlines():
+        if line.startswith("{") and '"dflash_gateway.access"' in line:
+            doc = orjson.loads(line)
+            access[doc["request_id"]] = doc
+    assert terminate(gw) == 0
+    lines = read_lines(path)
+    ids = [line["request_id"] for line in lines]
+    assert [echoed for echoed, _ in sent] == ["same"] * 4 + [ids[4]]
+    assert len(set(ids)) == len(ids) and "same" not in ids
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert [line["client_request_id"] for line in lines[:4]] == ["same"] * 4
+    escaped = lines[4]["client_request_id"]
+    assert escaped.startswith("a\\x20\\x22b\\x22\\x09\\xffxxx") and len(escaped) <= 200
+    for line in lines:
+        assert access[line["request_id"]]["client_request_id"] == line["client_request_id"]
+    # The worker was sent the id the client got back.
+    seen = [r["request_id"] for r in httpx.get(emu.url + "/emulator/stats").json()["requests"]]
+    assert seen.count("same") == 4 and not set(ids) & set(seen)

@@ -58,3 +58,28 @@ def load() -> tuple[types.ModuleType, types.ModuleType]:
     protocol = _load("sglang.srt.entrypoints.openai.protocol", base / "protocol.py")
     sse_utils = _load("sglang.srt.entrypoints.openai.sse_utils", base / "sse_utils.py")
     return protocol, sse_utils
+
+
+def load_kv_events() -> types.ModuleType:
+    """SGLang's KV event classes (``srt/disaggregation/kv_events.py``: ``KVEventBatch``,
+    ``BlockStored``...) from the installed wheel. The module's two imports that are not about the
+    events (``runtime_context.get_parallel`` and ``utils.network.NetworkAddress``, used by its
+    publisher and config helpers) would pull in psutil and torch: they get empty stand-ins."""
+    name = "sglang.srt.disaggregation.kv_events"
+    if name in sys.modules:
+        return sys.modules[name]
+    root = _package_dir()
+    for parent in ("sglang", "sglang.srt", "sglang.srt.disaggregation", "sglang.srt.utils"):
+        if parent not in sys.modules:
+            module = types.ModuleType(parent)
+            module.__path__ = [str(root.parent / parent.replace(".", "/"))]
+            sys.modules[parent] = module
+    for leaf, attr in (
+        ("sglang.srt.runtime_context", "get_parallel"),
+        ("sglang.srt.utils.network", "NetworkAddress"),
+    ):
+        if leaf not in sys.modules:
+            stand_in = types.ModuleType(leaf)
+            setattr(stand_in, attr, None)
+            sys.modules[leaf] = stand_in
+    return _load(name, root / "srt" / "disaggregation" / "kv_events.py")

@@ -220,7 +220,7 @@ class Rig:
         record = AccessRecord("req-1", Route.CHAT.value, parsed.served_model, True)
         ctx = RoutingContext(parsed.served_model, None)
         tenant = Tenants(TenantsConfig()).resolve(None)
-        return Job(parsed, [], "req-1", ctx, record, self.clock(), tenant)
+        return Job(parsed, [], "req-1", "req-1", ctx, record, self.clock(), tenant)
 
     def attempts(self, worker: RawWorker, outcome: Outcome) -> float:
         labels = {"worker": f"127.0.0.1:{worker.port}", "outcome": outcome.value}

@@ -90,6 +90,7 @@ async def test_headers_to_workers() -> None:
     assert sent["authorization"] == "Bearer worker-secret"
     assert "cookie" not in sent and "x-hop" not in sent
     assert sent["traceparent"].startswith("00-0af7")
+    # The client's own id, echoed and sent on (the records' id is the gateway's own).
     assert sent["x-request-id"] == "req-123"
     assert sent["x-emulator-profile"] == "gsm8k"
     assert ex.headers["x-request-id"] == "req-123"
@@ -219,7 +220,7 @@ async def test_client_disconnect_aborts_on_the_same_worker() -> None:
 
 async def test_worker_dying_mid_stream_gives_error_event_then_done() -> None:
     workers = [FakeWorker(die_after=3), FakeWorker(die_after=3)]
-    # Continuations off (app.proxy.resume; tests/e2e/test_continuation.py has them on).
+    # Continuations off (app.proxy.continuation; tests/e2e/test_continuation.py has them on).
     async with GatewayHarness(workers, retry={"mid_stream_attempts": 0}) as gw:
         ex = await gw.post(CHAT, chat(stream=True))
     assert ex.status == 200

@@ -1,5 +1,6 @@
-"""Prefill/decode disaggregation (app/proxy/pd.py) against scripted prefill and decode workers on
-loopback: the pair, its bootstrap fields, a room per attempt, and the failure handling."""
+"""Prefill/decode disaggregation (app/proxy/dispatch/pd.py and pair.py) against scripted prefill
+and decode workers on loopback: the pair, its bootstrap fields, a room per attempt, and the
+failure handling."""
 
 from __future__ import annotations
 

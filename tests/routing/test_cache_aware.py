@@ -13,6 +13,7 @@ from app.routing.cache_index import PrefixIndex
 from app.routing.policies import RoutingContext, make_policy
 from app.routing.prefix import BLOCK_BYTES, prefix_blocks
 from app.upstream.sse import Usage
+from app.workers.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from app.workers.worker import Worker, WorkerLoad, WorkerState
 
 SYSTEM = b'"You are a coding agent. ' + b"Follow the repository's conventions. " * 1300 + b'"'
@@ -249,24 +250,6 @@ def test_hashing_a_200k_token_prompt_costs_under_a_millisecond_more() -> None:
         return min(runs)
 
     assert cost(big) - cost(small) < 0.002  # 1 ms on an idle core; shared CI runners are not
-
-
-@dataclass(frozen=True)
-class BlockStored:
-    block_hashes: tuple[int, ...]
-    parent_block_hash: int | None
-    token_ids: tuple[int, ...]
-    block_size: int
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    block_hashes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    pass
 
 
 def _measured(i: int, throughput: float) -> Worker:

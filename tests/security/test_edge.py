@@ -86,7 +86,8 @@ def _access_lines(gw: ManagedProcess, request_id: str) -> list[dict[str, Any]]:
     for line in gw.logs().splitlines():
         if request_id in line and line.startswith("{"):
             doc = orjson.loads(line)
-            if doc.get("logger") == "dflash_gateway.access" and doc["request_id"] == request_id:
+            ids = (doc.get("request_id"), doc.get("client_request_id"))
+            if doc.get("logger") == "dflash_gateway.access" and request_id in ids:
                 lines.append(doc)
     return lines
 

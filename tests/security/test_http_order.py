@@ -87,7 +87,7 @@ def _settled(gw: ManagedProcess, request_id: str) -> list[dict[str, Any]]:
         gw.url + CHAT, json=chat(), headers={"x-request-id": request_id}, timeout=30
     )
     assert response.status_code == 200
-    poll(lambda: any(line["request_id"] == request_id for line in _access_lines(gw)))
+    poll(lambda: any(line.get("client_request_id") == request_id for line in _access_lines(gw)))
     return _access_lines(gw)
 
 
@@ -118,7 +118,7 @@ def test_a_pipelined_request_waits_for_the_stream_ahead_of_it(gw: ManagedProcess
     # The second request was read once the stream ended; its body never came: a 408 after it.
     assert _status(after) == 408
     lines = _settled(gw, "pipe-after")
-    (streamed,) = [line for line in lines if line["request_id"] == "pipe-first"]
+    (streamed,) = [line for line in lines if line.get("client_request_id") == "pipe-first"]
     assert streamed["status"] == 200
     assert streamed["completion_tokens"] == STREAM_TOKENS
 
@@ -161,6 +161,7 @@ def test_whole_answers_keep_their_order_and_the_connection(gw: ManagedProcess) -
         sock.sendall(b"".join(head + body for head in heads))
         answers = _responses(_read_all(sock))  # to the end: the gateway closes after the third
     assert [status for status, _, _ in answers] == [200, 200, 200]
+    # In order: each answer carries its own request's X-Request-Id.
     assert [headers[b"x-request-id"] for _, headers, _ in answers] == ids
     assert [headers.get(b"connection") for _, headers, _ in answers] == [None, None, b"close"]
     for _, headers, text in answers:

@@ -200,6 +200,8 @@ def test_the_policies_are_settings(tmp_path_factory: Any) -> None:
             env={
                 "DFLASH_GATEWAY_LIMITS__CHAT_TEMPLATE_KWARGS": "thinking,preserve_thinking",
                 "DFLASH_GATEWAY_LIMITS__IMAGE_URL_CLUSTER_SUFFIXES": "svc,cluster.local,prod",
+                # Text completions take chat_template_kwargs only when allowed so: policed too.
+                "DFLASH_GATEWAY_LIMITS__EXTRA_FIELDS": "chat_template_kwargs",
             },
         )
         other = Stack(gw, worker)
@@ -210,8 +212,45 @@ def test_the_policies_are_settings(tmp_path_factory: Any) -> None:
         kwargs = {"enable_thinking": 1}
         error = other.refused(CHAT, body | {"chat_template_kwargs": kwargs}, b"enable_thinking")
         assert error["param"] == "chat_template_kwargs.enable_thinking"
+        prompt = {
+            "model": MODEL,
+            "prompt": "hi",
+            "chat_template_kwargs": {"chat_template": "J1NJ4"},
+        }
+        error = other.refused(COMPLETIONS, prompt, b"J1NJ4")
+        assert error["param"] == "chat_template_kwargs.chat_template"
+        prompt["chat_template_kwargs"] = {"preserve_thinking": False}
+        assert other.post(COMPLETIONS, prompt).status_code == 200
+        assert worker.json()["chat_template_kwargs"] == {"preserve_thinking": False}
         # The cluster's own namespace is refused; the default list was replaced.
         refused = other.refused(CHAT, _chat_with(_image_part("https://redis.prod/")), b"prod")
         assert refused["param"] == "messages.0.content.1.image_url.url"
         served = other.post(CHAT, _chat_with(_image_part("https://api.default/x.png")))
         assert served.status_code == 200
+
+
+def _responses_variants() -> list[tuple[str, dict[str, Any]]]:
+    text = {"type": "input_text", "text": "hi"}
+    base: dict[str, Any] = {"model": MODEL, "input": [{"role": "user", "content": [text]}]}
+    variants = []
+    for bad in ([], ["input_text"], {}, {"type": "x"}):
+        part = {"type": bad, "text": "hi"}
+        variants += [
+            ("input.0.content.0.type", base | {"input": [{"role": "user", "content": [part]}]}),
+            ("tools.0.type", base | {"tools": [{"type": bad, "name": "f"}]}),
+            ("reasoning.effort", base | {"reasoning": {"effort": bad}}),
+            ("reasoning.summary", base | {"reasoning": {"summary": bad}}),
+            ("reasoning.generate_summary", base | {"reasoning": {"generate_summary": bad}}),
+        ]
+    return variants
+
+
+def test_responses_refuses_lists_and_objects_where_a_name_belongs(stack: Stack) -> None:
+    before = len(stack.worker.bodies)
+    for field, body in _responses_variants():
+        for stream in (False, True):
+            response = stack.post(RESPONSES, body | {"stream": stream})
+            assert response.status_code == 400, (field, response.text[:300])
+            assert field.split(".")[0] in error_of(response)["message"], field
+    assert len(stack.worker.bodies) == before
+    assert "Traceback" not in stack.gw.logs()

@@ -6,6 +6,9 @@ up on is charged for the time its worker spent on it, one without ``usage`` for 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import orjson
 
 from app.tenants.config import TenantPolicy, TenantsConfig
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, wait_for
@@ -100,3 +103,32 @@ async def test_a_whole_answer_without_usage_is_charged_for_its_size() -> None:
         assert first.status == 200 and "usage" not in first.json()
         refused = await gw.post(CHAT, chat(), headers=AUTH)
     assert refused.status == 429
+
+
+async def test_the_usage_log_records_the_estimate_a_cut_stream_was_charged(tmp_path: Path) -> None:
+    """A stream the client reads to its end, whose worker dies before the usage chunk: its usage
+    line holds the tokens its key was charged, flagged ``usage_estimated``, not zeros; a stream
+    with usage is logged as the worker counted it."""
+    log_path = tmp_path / "usage.jsonl"
+    tenants = TenantsConfig(keys={"team": TenantPolicy(tokens_per_min=100_000)}, usage_log=log_path)
+    worker = FakeWorker(texts=("tok",) * 60, die_after=61)
+    async with GatewayHarness([worker], api_keys=[f"team:{SECRET}"], tenants=tenants) as gw:
+        cut = await gw.post(CHAT, chat(stream=True), headers=AUTH)
+        assert cut.status == 200 and cut.body.count(b"tok") == 60
+        assert cut.body.rstrip().endswith(b"data: [DONE]")  # read to its end
+        worker.die_after = None  # the next stream ends with its usage
+        after = await gw.post(CHAT, chat(stream=True), headers=AUTH)
+        assert after.status == 200
+        left = int(after.headers["x-ratelimit-remaining-tokens"])
+    lines = [orjson.loads(line) for line in log_path.read_bytes().splitlines()]
+    assert [line["request_id"] for line in lines] == [
+        cut.headers["x-request-id"],
+        after.headers["x-request-id"],
+    ]
+    estimated, counted = lines
+    assert estimated["prompt_tokens"] > 0 and estimated["completion_tokens"] >= 58
+    assert estimated["usage_estimated"] is True
+    # What the key was charged for the cut stream is what its line says.
+    assert 100_000 - left == estimated["prompt_tokens"] + estimated["completion_tokens"]
+    assert counted["usage_estimated"] is False
+    assert (counted["prompt_tokens"], counted["completion_tokens"]) == (7, 60)

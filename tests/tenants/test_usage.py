@@ -23,6 +23,7 @@ from app.tenants.usage import UsageLog, process_path
 FIELDS = [
     "time",
     "request_id",
+    "client_request_id",
     "key",
     "priority",
     "model",
@@ -41,6 +42,7 @@ FIELDS = [
     "continuations",
     "continuation_prompt_tokens",
     "tokens_estimated",
+    "usage_estimated",
 ]
 ROUTE = "/v1/chat/completions"
 

@@ -1,5 +1,6 @@
-"""``app.proxy.resume``: reading the partial answer, the continuation's body, and the rewrite of
-the continuation's events (the processes-level behaviour: tests/e2e/test_continuation.py)."""
+"""``app.proxy.continuation``: reading the partial answer, the continuation's body, and the
+rewrite of the continuation's events (the processes-level behaviour:
+tests/e2e/test_continuation.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import orjson
 import pytest
 
 from app.errors import UpstreamForeignAnswer, UpstreamStatusError
-from app.proxy.resume import Resume, Stream, continuation_body, read_partial
+from app.proxy.continuation import KeptReads, Resume
+from app.proxy.continuation.partial import continuation_body, read_partial
 from app.upstream.sse import SSEObserver
 from app.workers.worker import Worker
 from tests.metrics.test_metrics import scrape, value
@@ -41,7 +43,7 @@ def test_the_partial_answer_is_read_from_whole_events_only() -> None:
         + chunk(FIRST, {"content": "Hello"})
         + b'data: {"id":"'  # an event the client never got
     )
-    keep = Stream(chunks=[data[:40], data[40:]])
+    keep = KeptReads(chunks=[data[:40], data[40:]])
     part = keep.partial()
     assert (part.id, part.reasoning, part.content, part.steps) == (FIRST, "think more", "Hello", 3)
     assert part.continuable and part.prefix() == "<think>think more</think>Hello"
@@ -75,10 +77,10 @@ def _usage_event(prompt: int, completion: int) -> bytes:
     )
 
 
-def _broken_stream(worker: str = "w1") -> Stream:
+def _broken_stream(worker: str = "w1") -> KeptReads:
     """A stream whose first attempt (prompt body b"{}") relayed a role chunk and two text
     chunks (80 characters: 20 estimated tokens) on ``worker`` and broke."""
-    keep = Stream()
+    keep = KeptReads()
     keep.chunks.append(
         chunk(FIRST, {"role": "assistant", "content": ""}) + chunk(FIRST, {"content": "x" * 40}) * 2
     )
@@ -141,7 +143,7 @@ def test_two_breaks_credit_each_attempt_with_what_it_streamed() -> None:
 
 
 def test_a_continuation_answering_another_request_is_refused() -> None:
-    resume = Resume(FIRST, Stream())
+    resume = Resume(FIRST, KeptReads())
     resume.rid = RID
     with pytest.raises(UpstreamForeignAnswer):
         resume.feed(chunk("c" * 32, {"role": "assistant", "content": ""}))
@@ -152,7 +154,7 @@ def test_a_workers_5xx_in_band_error_is_held_back_a_4xx_one_passes() -> None:
     error = b'data: {"error":{"message":"aborted","code":503}}\n\n'
     obs = SSEObserver(drop_usage=False)
     obs.first_data = True
-    feed = Stream().keeping(obs.feed, obs)
+    feed = KeptReads().keeping(obs.feed, obs)
     assert feed(text + error + b"data: [DONE]\n\n") == text
     assert isinstance(obs.broken, UpstreamStatusError) and obs.broken.status == 503
     assert obs.done and not obs.inband_error  # the relay stops reading there
@@ -160,7 +162,7 @@ def test_a_workers_5xx_in_band_error_is_held_back_a_4xx_one_passes() -> None:
     assert not obs.done and obs.broken is None
     obs = SSEObserver(drop_usage=False)
     obs.first_data = True
-    feed = Stream().keeping(obs.feed, obs)
+    feed = KeptReads().keeping(obs.feed, obs)
     bad = b'data: {"error":{"message":"too long","code":400}}\n\n'
     assert feed(text + bad) == text + bad and obs.broken is None and obs.inband_error
     plain = SSEObserver(drop_usage=False)  # a stream that is not continued relays it as before
@@ -199,7 +201,7 @@ async def test_a_worker_gone_silent_is_continued_on_another_with_the_text_so_far
 def test_the_partial_answer_ends_before_a_held_back_error() -> None:
     text = chunk(FIRST, {"role": "assistant"}) + chunk(FIRST, {"content": "Hi"})
     error = b'data: {"error":{"message":"aborted","code":503}}\n\ndata: [DONE]\n\n'
-    keep = Stream(chunks=[text + error])
+    keep = KeptReads(chunks=[text + error])
     part = keep.partial()
     assert part.continuable and part.content == "Hi"
     assert keep.chunks == [text]
@@ -230,9 +232,9 @@ async def test_a_continued_stream_counts_every_attempt_each_on_its_own_worker() 
     assert value(text, "dflash_gateway_spec_accept_length_count", source="estimated") == 2
 
 
-def _thinking_stream(*deltas: dict[str, Any]) -> Stream:
+def _thinking_stream(*deltas: dict[str, Any]) -> KeptReads:
     """A stream whose first attempt on w1 relayed a role chunk and ``deltas``, then broke."""
-    keep = Stream()
+    keep = KeptReads()
     keep.chunks.append(
         chunk(FIRST, {"role": "assistant", "content": ""})
         + b"".join(chunk(FIRST, d) for d in deltas)
@@ -241,7 +243,7 @@ def _thinking_stream(*deltas: dict[str, Any]) -> Stream:
     return keep
 
 
-def _continued_usage(keep: Stream, usage: dict[str, Any]) -> dict[str, Any]:
+def _continued_usage(keep: KeptReads, usage: dict[str, Any]) -> dict[str, Any]:
     """The usage chunk the client gets for the continuation's ``usage``."""
     resume = Resume(FIRST, keep)
     resume.rid = RID

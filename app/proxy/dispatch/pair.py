@@ -1,58 +1,25 @@
-"""Prefill/decode disaggregation on the request path (SGLang's PD protocol; docs/pd.md).
-
-With ``pd.disaggregation`` on, each attempt goes to a pair: one decode worker D (picked among
-those with room: decode capacity bounds concurrency) and one prefill worker P. The attempt's body
-gets the three bootstrap fields that pair them, ``bootstrap_host`` (P's host),
-``bootstrap_port`` (P's bootstrap port) and ``bootstrap_room`` (a random 63-bit number, new for
-every attempt), and goes to both at once: P computes the prompt's KV cache and hands it to D in
-the room, D waits for it, then decodes. D's answer is the client's (the ``Attempt`` relays it as
-it would a whole worker's); P's is read to its end and thrown away in a task of its own
-(``Pair``), never holding the client.
-
-Failures: P failing before D's first data event ends D's attempt (aborted on D by its rid, no
-verdict on D's breaker) with ``PrefillFailed``, which is retried on another pair like any failure
-before the commit point; D failing, the client leaving, or a deadline ending the attempt cancels
-P's side, which is aborted on P. D's first-byte deadline covers its wait for the room, so no
-request leaves a decode waiting for a room nobody fills; while P has not answered, that deadline
-is P's failure (``Pair.overdue``: P's timeout, no verdict on D, the retry avoids P). Once D
-answered in full, P's side gets ``pd.prefill_drain_s`` more to finish; then it is aborted on P and
-counted as P's timeout, so a prefill worker that takes requests and never finishes them holds no
-socket, task or in-flight slot for long, and its breaker opens after
-``breaker.failure_threshold`` of them (it is no longer picked).
-"""
+"""One attempt's prefill + decode pair (``Pair``): the ``Target`` of a PD attempt
+(``app.proxy.dispatch.pd``, whose module doc says how the two sides fail and end)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from app.config import Settings
 from app.errors import UpstreamError, UpstreamStatusError, UpstreamStreamBroken
-from app.metrics import Metrics
 from app.outcomes import Outcome
-from app.routing.policies import Policy, RoutingContext, make_policy, make_prefill_policy
-from app.upstream.client import UpstreamClient, UpstreamResponse, map_transport_error
-from app.upstream.client import Worker as Upstream
+from app.proxy.dispatch import Body
+from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
-from app.workers.admission import Admission
-from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
 
 if TYPE_CHECKING:
-    import random
-
     from app.proxy.attempt import Attempt
+    from app.proxy.dispatch.pd import Disaggregation
 
 log = logging.getLogger(__name__)
-Clock = Callable[[], float]
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
-Abort = Callable[[Worker, str], Coroutine[Any, Any, None]]
-Body = Callable[[str, "int | None"], tuple["memoryview | bytes", ...]]
-ROOM_BITS = 63  # SGLang's bootstrap_room: a random non-negative 64-bit signed integer
-_MAX_PREFILL_ANSWER = 1 << 20  # more than a prefill answer ever is: the rest is not read
 
 
 class PrefillFailed(UpstreamError):
@@ -69,68 +36,6 @@ def bootstrap_host(url: str) -> str:
     """The host of a prefill worker's URL as SGLang's decode side dials it (IPv6 in brackets)."""
     host = urlsplit(url).hostname or ""
     return f"[{host}]" if ":" in host else host
-
-
-class Disaggregation:
-    """The PD side of the ``Proxy``: the two pools' picks and one ``Pair`` per attempt."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        pool: WorkerPool,
-        admission: Admission,
-        client: UpstreamClient,
-        metrics: Metrics,
-        rng: random.Random,
-        clock: Clock,
-        spawn: Spawn,
-        abort: Abort,
-    ) -> None:
-        config = settings.pd
-        factor = settings.prefix_affinity_load_factor
-        self.prefill_policy: Policy = make_prefill_policy(config.prefill_policy, load_factor=factor)
-        self.decode_policy: Policy = make_policy(config.decode_policy, rng=rng, load_factor=factor)
-        self._pool = pool
-        self._admission = admission
-        self._client = client
-        self._metrics = metrics
-        self._rng = rng
-        self._clock = clock
-        self._spawn = spawn
-        self._abort = abort
-        self._drain_s = settings.pd.prefill_drain_s
-        self._answer_limit = min(_MAX_PREFILL_ANSWER, settings.limits.max_response_bytes)
-        self.tasks: set[asyncio.Task[None]] = set()  # prefill sides still running
-
-    async def aclose(self) -> None:
-        """Let the prefill sides still draining finish (briefly) at shutdown."""
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=2.0)
-
-    def prefills(self, model: str, tried: set[str]) -> list[Worker]:
-        """The prefill workers an attempt may use: routable, not yet tried by this request."""
-        return [w for w in self._pool.available_as(model, "prefill") if w.name not in tried]
-
-    def candidates(self, model: str, tried: set[str]) -> list[Worker]:
-        """The decode workers an attempt may go to (admission keeps those with room): not yet
-        tried, and only while some prefill worker may take the attempt's other half."""
-        if not self.prefills(model, tried):
-            return []
-        return [w for w in self._pool.available_as(model, "decode") if w.name not in tried]
-
-    def pick_prefill(self, ctx: RoutingContext, tried: set[str]) -> Worker | None:
-        prefills = self.prefills(ctx.model, tried)
-        if not prefills:
-            return None
-        roomy = [w for w in prefills if self._admission.has_room(w)]
-        return self.prefill_policy.pick(ctx, roomy or prefills)
-
-    def pair(self, prefill: Worker, *, model: str, stream: bool, source: str | None = None) -> Pair:
-        return Pair(self, prefill, model=model, stream=stream, source=source)
-
-    def new_room(self) -> int:
-        return self._rng.getrandbits(ROOM_BITS)
 
 
 class Pair:
@@ -190,16 +95,6 @@ class Pair:
         self.prefill_done: float | None = None  # P's answer read to its end
         self.kv_recorded = False
 
-    def body(self, parts: Body) -> Body:
-        """``parts`` with the bootstrap fields ahead of its closing ``"rid"`` piece."""
-        fields = self._fields
-
-        def with_bootstrap(rid: str, priority: int | None) -> tuple[memoryview | bytes, ...]:
-            pieces = parts(rid, priority)
-            return (*pieces[:-1], fields, pieces[-1])
-
-        return with_bootstrap
-
     def bind(self, attempt: Attempt) -> None:
         """The decode side's attempt (its rid is the prefill side's too)."""
         self._attempt = attempt
@@ -234,23 +129,30 @@ class Pair:
 
     async def open(
         self,
-        worker: Upstream,
+        attempt: Attempt,
         path: str,
-        body: bytes | Sequence[bytes | memoryview],
+        parts: Body,
+        priority: int | None,
         headers: list[tuple[bytes, bytes]],
-        sent: Callable[[], None] | None = None,
-        fresh: bool = False,
+        *,
+        fresh: bool,
     ) -> UpstreamResponse:
-        """Send the body to P (in a task of its own) and to D (``worker``); D's response, as
+        """Send the attempt's body, with the bootstrap fields ahead of its closing ``"rid"``
+        piece, to P (in a task of its own) and to D (the attempt's worker); D's response, as
         ``UpstreamClient.open`` returns it."""
+        self.bind(attempt)
+        pieces = parts(attempt.rid, priority)
+        body = (*pieces[:-1], self._fields, pieces[-1])
         pd = self._pd
         self.sent_at = pd._clock()
         task = self._task = asyncio.get_running_loop().create_task(
-            self._prefill(path, (body,) if isinstance(body, bytes) else tuple(body), headers)
+            self._prefill(path, body, headers)
         )
         pd.tasks.add(task)
         task.add_done_callback(pd.tasks.discard)
-        return await pd._client.open(worker, path, body, headers, sent=sent, fresh=fresh)
+        return await pd._client.open(
+            attempt.worker, path, body, headers, sent=attempt.sent, fresh=fresh
+        )
 
     def _sent(self) -> None:
         self._written = True
