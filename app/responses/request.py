@@ -202,7 +202,7 @@ def translate(
     if functions:
         chat["tools"] = functions
     echo: dict[str, Any] = {}
-    tool_choice(body.get("tool_choice"), functions, chat, echo)
+    tool_choice(body.get("tool_choice"), functions, chat, echo, custom)
     _sampling(body, chat, echo)
     summary = _reasoning(body.get("reasoning"), chat, echo)
     _text(body.get("text"), chat, echo)

@@ -113,9 +113,14 @@ def echo_tools(value: Any) -> list[Any]:
 
 
 def tool_choice(
-    choice: Any, tools: list[dict[str, Any]], chat: dict[str, Any], echo: dict[str, Any]
+    choice: Any,
+    tools: list[dict[str, Any]],
+    chat: dict[str, Any],
+    echo: dict[str, Any],
+    custom: set[str] | frozenset[str] = frozenset(),
 ) -> None:
-    """``chat``'s ``tool_choice`` for ``choice`` (``tools``: the chat functions)."""
+    """``chat``'s ``tool_choice`` for ``choice`` (``tools``: the chat functions, ``custom``: the
+    names of those that are custom tools)."""
     echo["tool_choice"] = "auto"
     if choice is None:
         return
@@ -131,7 +136,8 @@ def tool_choice(
         shown = str(kind if kind is not None else choice)[:64]
         raise _fail(f"tool_choice: {shown!r} is not supported here", "tool_choice")
     name = flat(choice.get("name"), choice.get("namespace"), "tool_choice")
-    if name not in {tool["function"]["name"] for tool in tools}:
+    named = {tool["function"]["name"] for tool in tools}
+    if name not in (custom if kind == "custom" else named - custom):
         raise _fail(f"tool_choice.name: no {kind} tool named {name[:64]!r}", "tool_choice")
     chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     echo["tool_choice"] = choice
