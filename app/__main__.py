@@ -55,7 +55,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="an SGLang worker base URL, e.g. http://10.0.0.5:30000 (repeatable)",
     )
-    p.add_argument("--policy", choices=POLICY_NAMES, help="routing policy (default least_inflight)")
+    p.add_argument("--policy", choices=POLICY_NAMES, help="routing policy (default cache_aware)")
     p.add_argument(
         "--processes",
         type=int,

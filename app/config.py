@@ -40,7 +40,13 @@ DEFAULT_MODEL = "moonshotai/Kimi-K2.5"
 EMBEDDED_CLAUDE_ALIAS = "claude-*"
 
 PolicyName = Literal[
-    "least_inflight", "power_of_two", "round_robin", "random", "prefix_affinity", "spare_capacity"
+    "least_inflight",
+    "power_of_two",
+    "round_robin",
+    "random",
+    "prefix_affinity",
+    "spare_capacity",
+    "cache_aware",
 ]
 POLICY_NAMES: tuple[str, ...] = typing.get_args(PolicyName)
 
@@ -570,8 +576,9 @@ class Settings(BaseSettings):
     # worker's engine (workers.engine). None here and discovery.mode static: the embedded
     # default (emulated workers).
     worker_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # How a request's worker is picked among those with room.
-    policy: PolicyName = "least_inflight"
+    # How a request's worker is picked among those with room (docs/routing.md): cache_aware
+    # weighs the prefill each worker's prefix cache saves against the load it adds.
+    policy: PolicyName = "cache_aware"
     # prefix_affinity: a worker takes its keys while under this x the mean load; spare_capacity:
     # while its spare capacity is at least 1/this of the best worker's.
     prefix_affinity_load_factor: float = Field(1.25, ge=1.0)

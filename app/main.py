@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -35,6 +36,7 @@ from app.metrics import Metrics
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
 from app.response_store import make_store
+from app.routing.cache_aware import CacheAware
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
@@ -48,6 +50,7 @@ from app.workers.admission import Admission
 from app.workers.discovery import make_discovery
 from app.workers.health import HealthChecker
 from app.workers.kv_counters import KvEventCounters
+from app.workers.kv_events import KvEventSink, KvEventSinks
 from app.workers.kv_subscriber import KvEventSubscriber
 from app.workers.pool import EndpointLike, WorkerPool
 
@@ -94,7 +97,10 @@ def create_app(
         settings=settings,
         pool=pool,
         policy=make_policy(
-            settings.policy, rng=rng, load_factor=settings.prefix_affinity_load_factor
+            settings.policy,
+            rng=rng,
+            load_factor=settings.prefix_affinity_load_factor,
+            on_decision=functools.partial(metrics.record_routing_decision, settings.policy),
         ),
         client=client,
         metrics=metrics,
@@ -134,14 +140,18 @@ def create_app(
         responses=make_store(settings.responses, settings.limits.redis_url),
     )
 
-    # The workers' KV events (kv_events.enabled): counted per worker for operators.
+    # The workers' KV events (kv_events.enabled): counted per worker for operators, and fed to
+    # cache_aware's index.
     kv_subscriber: KvEventSubscriber | None = None
     if settings.kv_events.enabled:
 
         def name_of(url: str) -> str | None:
             return next((w.name for w in pool.workers if w.url == url), None)
 
-        kv_subscriber = KvEventSubscriber(settings.kv_events, KvEventCounters(metrics, name_of))
+        sinks: list[KvEventSink] = [KvEventCounters(metrics, name_of)]
+        if isinstance(proxy.learns, CacheAware):  # its prefix index follows the evictions
+            sinks.append(proxy.learns.index)
+        kv_subscriber = KvEventSubscriber(settings.kv_events, KvEventSinks(sinks))
 
     def publish_keys() -> None:
         for name in keys.names():

@@ -184,8 +184,9 @@ async def drive(gateway_url: str, args: argparse.Namespace) -> tuple[list[Sample
 
 
 def queue_waits(log_text: str) -> dict[str, float | None] | None:
-    """Queue wait by request id from the gateway's JSON access log (None when this gateway does
-    not log queue waits)."""
+    """Queue wait by the X-Request-Id each request was sent with (the access line's
+    ``client_request_id``; the line's own ``request_id`` is the gateway's) from the gateway's
+    JSON access log (None when this gateway does not log queue waits)."""
     waits: dict[str, float | None] = {}
     logged = False
     for line in log_text.splitlines():
@@ -193,7 +194,7 @@ def queue_waits(log_text: str) -> dict[str, float | None] | None:
             continue
         doc = json.loads(line)
         logged = logged or "queue_ms" in doc
-        waits[doc["request_id"]] = doc.get("queue_ms", 0.0) / 1000
+        waits[doc.get("client_request_id") or doc["request_id"]] = doc.get("queue_ms", 0.0) / 1000
     return waits if logged else None
 
 

@@ -2,8 +2,10 @@
 
 Prints microseconds per pick (best of 5 runs) for n = 1, 16, 256 workers, with load on the workers
 so the load-aware policies have something to compare (``spare_capacity``: rates and KV usage
-too), and a fresh routing key per pick for ``prefix_affinity`` and ``spare_capacity`` (the key
-hash is part of their cost).
+too), and a fresh routing key per pick for ``prefix_affinity``, ``spare_capacity`` and
+``cache_aware`` (the key hash is part of their cost); ``cache_aware`` also gets each request's
+block chain of a 2k-token (8 KB) chat prompt, a shared system prompt then its own text (hashed
+when the request is parsed, outside ``pick``; its lookups and recording are in).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import random
 import timeit
 
 from app.routing.policies import RoutingContext, make_policy
+from app.routing.prefix import prefix_blocks
 from app.workers.worker import Worker, WorkerLoad, WorkerState
 
 POLICIES = (
@@ -21,6 +24,7 @@ POLICIES = (
     "random",
     "prefix_affinity",
     "spare_capacity",
+    "cache_aware",
 )
 SIZES = (1, 16, 256)
 
@@ -49,7 +53,18 @@ def measure(policy_name: str, n: int, number: int = 2000) -> float:
     rng = random.Random(0)
     workers = _pool(n, rng)
     policy = make_policy(policy_name, rng=rng)
-    contexts = [RoutingContext(model="m", routing_key=f"session-{i}") for i in range(number)]
+    system = b'"' + b"You are a careful agent. " * 120 + b'"'
+    contexts = [
+        RoutingContext(
+            model="m",
+            routing_key=f"session-{i}",
+            prefix=prefix_blocks(
+                [b"system", system, b"user", f'"{i}: '.encode() + b"code " * 1000 + b'"'],
+                lead_parts=2,
+            ),
+        )
+        for i in range(number)
+    ]
     policy.pick(contexts[0], workers)  # build any cached state outside the timing
     it = iter(contexts * 6)
     best = min(timeit.repeat(lambda: policy.pick(next(it), workers), number=number, repeat=5))

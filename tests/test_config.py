@@ -18,7 +18,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults_select_the_embedded_default() -> None:
     s = load_settings()
-    assert (s.host, s.port, s.policy, s.processes) == ("127.0.0.1", 8000, "least_inflight", 1)
+    assert (s.host, s.port, s.policy, s.processes) == ("127.0.0.1", 8000, "cache_aware", 1)
     assert s.worker_urls == []
     assert s.embedded_default
     # make run answers Claude Code's own model names (claude-opus-..., claude-sonnet-...).

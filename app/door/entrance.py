@@ -33,8 +33,10 @@ from app.gateway import Gateway
 from app.proxy.direct import direct_body
 from app.proxy.downstream import Receive, Send
 from app.proxy.job import Job
+from app.proxy.request import ParsedRequest
 from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
+from app.routing.prefix import prefix_blocks
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class Door:
     def __init__(self, gw: Gateway, build: Checks = checks) -> None:
         self._gw = gw
         self._proxy = gw.proxy
+        # Only cache_aware reads a request's block chain: no hashing for the other policies.
+        self._hash_prefix = gw.proxy.hashes_prefix
         self.checks: tuple[Check, ...] = tuple(build(gw))
 
     async def serve(self, entry: Entry, scope: Any, receive: Receive, send: Send) -> None:
@@ -126,6 +130,13 @@ class Door:
         ctx = RoutingContext(
             parsed.served_model,
             routing_key(parsed, session.decode("latin-1") if session else None),
+            prefix_blocks(
+                parsed.prefix,
+                lead_parts=_lead_parts(parsed),
+                new_parts=2 if len(parsed.prefix) > 1 else 1,  # a chat's last message; a prompt
+            )
+            if self._hash_prefix
+            else None,
         )
         if parsed.dropped is not None:
             self._gw.metrics.record_dropped_fields(route)
@@ -150,6 +161,17 @@ class Door:
             visit.limit_headers,
             trace=visit.trace,
         )
+
+
+def _lead_parts(parsed: ParsedRequest) -> int:
+    """How many of the prompt's parts are the lead many sessions share: a chat's tools and its
+    messages before the first user turn (the system prompt); a text prompt: none."""
+    prefix, conversation = parsed.prefix, parsed.conversation
+    if len(prefix) < 2:
+        return 0
+    tools = len(prefix) % 2  # a chat's parts: the tools array, if any, then two per message
+    user = 2 if len(conversation) >= 2 and bytes(conversation[-2]) == b"user" else 0
+    return tools + len(conversation) - user
 
 
 async def _release(visit: Visit) -> None:

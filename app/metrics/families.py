@@ -125,6 +125,13 @@ class Families:
             "upstream_attempts", "Requests sent to workers, by outcome", ("worker", "outcome")
         )
         self.retries = counter("retries", "Attempts retried on another worker", ("reason",))
+        self.routing_decisions = counter(
+            "routing_decisions",
+            "Why each request went to its worker (cache_aware): cache_hit (the worker holding "
+            "more of its prompt than its key's home), affinity (its key's home), spill (its key's "
+            "home was too loaded), no_key, full (every worker full), single (one candidate)",
+            ("policy", "reason"),
+        )
         self.stream_continuations = counter(
             "stream_continuations",
             "Broken streams continued on another worker, by outcome (docs/routing.md)",
@@ -197,6 +204,12 @@ class Families:
         )
         self.completion_tokens = counter(
             "completion_tokens", "Completion tokens of answered requests", ("model", "worker")
+        )
+        self.cached_prompt_tokens = counter(
+            "cached_prompt_tokens",
+            "Prompt tokens the worker served from its prefix cache (its usage's "
+            "prompt_tokens_details.cached_tokens); / prompt_tokens_total = its cache hit ratio",
+            ("model", "worker"),
         )
         self.reasoning_tokens = counter(
             "reasoning_tokens",

@@ -248,6 +248,7 @@ class Metrics(Families):
     def _model_worker(self, model: str, worker: str) -> None:
         for counter in (
             self.prompt_tokens,
+            self.cached_prompt_tokens,
             self.completion_tokens,
             self.reasoning_tokens,
             self.verify_steps,
@@ -379,16 +380,21 @@ class Metrics(Families):
         reasoning: int | None,
         verify_steps: int | None,
         source: str | None,
+        cached: int | None = None,
     ) -> None:
         """One request's token counts and verify steps (None: not known). ``source``: the
         per-request acceptance length is ``exact`` or ``estimated``; None: only the worker's mean
-        was known (the steps count, the per-request histogram does not)."""
+        was known (the steps count, the per-request histogram does not). ``cached``: of
+        ``prompt``, the tokens from the worker's prefix cache."""
         series = self._token_series.get((model, worker))
         if series is None or worker not in self._workers:
             series = self._tokens_of(model, worker)
         label, prompt_series, reasoning_series, completion_series, steps_series = series
         if prompt:
             self._inc(prompt_series, prompt)
+            if cached:
+                hits = self._child(self.cached_prompt_tokens, label, worker)
+                self._inc(hits, min(cached, prompt))
         if reasoning:
             self._inc(reasoning_series, reasoning)
         if not completion:
@@ -489,6 +495,10 @@ class Metrics(Families):
 
     def record_retry(self, reason: str) -> None:
         self._inc(self._child(self.retries, reason if reason in RETRY_REASONS else OTHER))
+
+    def record_routing_decision(self, policy: str, reason: str) -> None:
+        """Why a request went to its worker (``app.routing.cache_aware.REASONS``)."""
+        self._inc(self._child(self.routing_decisions, policy, reason))
 
     def record_continuation(self, outcome: str) -> None:
         """``outcome``: one of ``CONTINUATION_OUTCOMES``."""

@@ -43,6 +43,7 @@ class _Usage(msgspec.Struct):
     completion_tokens: Any = None
     reasoning_tokens: Any = None
     completion_tokens_details: Any = None
+    prompt_tokens_details: Any = None
 
 
 class _Answer(msgspec.Struct):
@@ -87,10 +88,14 @@ def read_answer(
         reasoning = u.reasoning_tokens
         if reasoning is None and isinstance(u.completion_tokens_details, dict):
             reasoning = u.completion_tokens_details.get("reasoning_tokens")
+        details = u.prompt_tokens_details
         usage = Usage(
             reported_count(u.prompt_tokens),
             reported_count(u.completion_tokens),
             reported_count(reasoning),
+            cached_tokens=reported_count(details.get("cached_tokens"))
+            if isinstance(details, dict)
+            else None,
         )
     at = body.find(_KEY) if strip else -1
     if at < 0:

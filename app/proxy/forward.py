@@ -55,7 +55,7 @@ from app.proxy.record import Recorder
 from app.proxy.relay import checkable, relay_stream, relay_whole
 from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
-from app.routing.policies import Policy
+from app.routing.policies import Learns, Policy
 from app.upstream.client import UpstreamClient
 from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
@@ -104,8 +104,17 @@ class Proxy:
         self._send_priority = settings.workers.priority_scheduling
         self.admission = admission
         self.acceptance = acceptance
+        # A policy that learns from every answer (cache_aware's prefix index), and whether the
+        # door must hash each prompt's block chain for it.
+        learns = policy if isinstance(policy, Learns) else None
+        self.hashes_prefix = learns is not None
+        self.learns = learns
         self._books = Recorder(
-            metrics=metrics, access_log=access_log, acceptance=acceptance, clock=clock
+            metrics=metrics,
+            access_log=access_log,
+            acceptance=acceptance,
+            clock=clock,
+            learns=learns,
         )
         # Where attempts go (app.proxy.dispatch); ``pd``: the PD dispatch, None for whole workers.
         self.pd: Disaggregation | None = None

@@ -20,6 +20,7 @@ from app.outcomes import Outcome
 from app.proxy.continuation import ContinuedUsage
 from app.proxy.job import Job
 from app.proxy.unreported import unreported_usage
+from app.routing.policies import Learns
 from app.workers.acceptance import CollapseDetector
 from app.workers.worker import Worker
 
@@ -40,8 +41,11 @@ class Recorder:
         access_log: AccessLog,
         acceptance: CollapseDetector,
         clock: Callable[[], float],
+        learns: Learns | None = None,
     ) -> None:
+        """``learns``: the routing policy, when it learns from every answer (cache_aware)."""
         self._metrics = metrics
+        self._learns = learns
         self._access = access_log
         self._clock = clock
         self.acceptance = acceptance
@@ -160,7 +164,10 @@ class Recorder:
                 reasoning=usage.reasoning_tokens,
                 verify_steps=steps,
                 source=source,
+                cached=usage.cached_tokens,
             )
+            if self._learns is not None:
+                self._learns.answered(job.ctx, attempt.worker, usage)
             if steps and usage.completion_tokens:
                 record.accept_length = round(usage.completion_tokens / steps, 3)
                 if source is not None:

@@ -84,6 +84,9 @@ class ParsedRequest:
     # The most completion tokens per choice the worker may generate (the client's max_tokens,
     # capped, or the default); None when unbounded.
     max_tokens: int | None = None
+    # The whole prompt as raw spans (bytes-like): the ``tools`` array, then each message's role
+    # and content; a completion's ``prompt``. What cache_aware hashes (``app.routing.prefix``).
+    prefix: tuple[Any, ...] = ()
 
     def upstream_parts(
         self, rid: str, priority: int | None = None
@@ -157,13 +160,18 @@ def parse_request(
         check_raw_metadata(body.metadata)
     if route is Route.CHAT:
         conversation = _check_messages(body.messages)
+        messages = body.messages
         if spans is not None:
-            conversation = _leading(_MESSAGES.decode(spans.messages))
+            messages = _MESSAGES.decode(spans.messages)
+            conversation = _leading(messages)
+        prefix = _prompt_spans(body.tools, messages)
         if may_hold_media(raw):  # maybe a media part somewhere: each one's URL must be allowed
             policy = image_policy(limits.image_url_allow, limits.image_url_cluster_suffixes)
             check_chat_media([message.content for message in body.messages], policy)
     else:
-        conversation = _check_prompt(body.prompt if spans is None else spans.prompt, limits.max_n)
+        prompt = body.prompt if spans is None else spans.prompt
+        conversation = _check_prompt(prompt, limits.max_n)
+        prefix = (prompt,)
     template_kwargs = getattr(body, "chat_template_kwargs", ABSENT)
     if template_kwargs:
         check_template_kwargs(template_kwargs, limits.chat_template_kwargs)
@@ -201,6 +209,7 @@ def parse_request(
         _head=_head(raw, body, spans, schema, patch),
         surface=surface or _SURFACES[route],
         max_tokens=max_tokens,
+        prefix=prefix,
     )
 
 
@@ -302,6 +311,14 @@ def _leading(messages: list[Message]) -> tuple[Any, ...]:
 
 
 _ROLE_BYTES = {role: role.encode() for role in ROLES}
+
+
+def _prompt_spans(tools: msgspec.Raw, messages: list[Message]) -> tuple[Any, ...]:
+    """The tools array (when given), then role and raw content of every message."""
+    spans: list[Any] = [tools] if tools else []
+    for message in messages:
+        spans += (_ROLE_BYTES[message.role], message.content)
+    return tuple(spans)
 
 
 def _check_prompt(value: msgspec.Raw, max_batch: int) -> tuple[memoryview | bytes, ...]:

@@ -13,14 +13,18 @@
                     response.output_text.done  response.content_part.done
         function_call: response.function_call_arguments.delta*
                        response.function_call_arguments.done
+        custom_tool_call: response.custom_tool_call_input.delta*
+                          response.custom_tool_call_input.done
       response.output_item.done )*
 
 One output item is open at a time: ``reasoning`` (summary events when the request asked for a
 reasoning summary, which is what Codex CLI renders, else reasoning-text events), ``message`` or
 ``function_call`` (opened by a tool call's id or name, its arguments as deltas); a change of kind
-closes the open item. A delta event is the open item's prepared head (``_head``), the delta as a
-JSON string literal and its sequence number, so a literal cut from the worker's event can be
-written as it is.
+closes the open item. A custom tool's call (``custom_tool_call``) is the call of its function,
+whose arguments are JSON holding the input: its input goes out decoded as it arrives, what could
+not be decoded so when the call ends (``app.responses.custom.InputStream``). A delta event is the
+open item's prepared head (``_head``), the delta as a JSON string literal and its sequence
+number, so a literal cut from the worker's event can be written as it is.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from app.responses.custom import InputStream
 from app.responses.response import (
     Context,
     call_item,
@@ -51,6 +56,7 @@ class EventWriter(StreamState):
 
     __slots__ = (
         "_ctx",
+        "_custom",
         "_expose",
         "_finish",
         "_finished",
@@ -75,6 +81,7 @@ class EventWriter(StreamState):
         self._pieces: list[str] = []  # the open item's text or arguments so far
         self._head = b""  # the open item's delta event, up to its delta value
         self._tool: Any = None  # the worker's index of the open tool call
+        self._custom = InputStream()  # the open custom tool call's input
         self._finish: Any = None  # the worker's finish_reason
         self._raw_usage: Any = None  # the worker's usage object
         self._finished = False  # the terminal event went out
@@ -171,9 +178,16 @@ class EventWriter(StreamState):
             )
             self._open("call", item, out)
             self._tool = index
-            self._head = self._head_for("response.function_call_arguments.delta", "")
+            if item["type"] == "custom_tool_call":
+                self._custom = InputStream()
+                self._head = self._head_for("response.custom_tool_call_input.delta", "")
+            else:
+                self._head = self._head_for("response.function_call_arguments.delta", "")
         if arguments:
-            out.append(self._delta(arguments))
+            if self._item["type"] == "custom_tool_call":
+                arguments = self._custom.feed(arguments)
+            if arguments:
+                out.append(self._delta(arguments))
 
     def _close(self, out: list[bytes], status: str = "completed") -> None:
         kind = self._kind
@@ -218,6 +232,13 @@ class EventWriter(StreamState):
             )
             part = output_text(text)
             out.append(self._event({"type": "response.content_part.done", **common, "part": part}))
+        elif item["type"] == "custom_tool_call":
+            rest, whole = self._custom.close()
+            if rest:
+                out.append(self._delta(rest))
+            done = dict(item, input=whole, status=status)
+            input_done = {"type": "response.custom_tool_call_input.done", **common}
+            out.append(self._event(input_done | {"input": whole}))
         else:
             done = dict(item, arguments=text, status=status)
             out.append(

@@ -1,12 +1,14 @@
 """``input`` items as chat messages, in order (see ``app.responses.request`` for what each
-becomes): messages with their parts, function calls joined into the assistant turn they follow,
-their outputs as ``tool`` messages, reasoning folded into the next assistant turn."""
+becomes): messages with their parts, function calls (and custom tools' calls, as their functions'
+calls) joined into the assistant turn they follow, their outputs as ``tool`` messages, reasoning
+folded into the next assistant turn."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from app.errors import InvalidRequest
+from app.responses.custom import arguments_of
 from app.responses.names import Names
 from app.responses.tools import flat
 
@@ -118,7 +120,15 @@ def input_messages(value: Any, out: list[dict[str, Any]], *, has_history: bool) 
                 raise _fail(f"{where}.arguments: a JSON string is required", where)
             function = {"name": name, "arguments": arguments}
             turns.call({"id": call_id, "type": "function", "function": function})
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            call_id = _call_id(item, where)
+            name = flat(item.get("name"), None, where)
+            text = item.get("input")
+            if not isinstance(text, str):
+                raise _fail(f"{where}.input: a string is required", where)
+            function = {"name": name, "arguments": arguments_of(text)}
+            turns.call({"id": call_id, "type": "function", "function": function})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise _fail(f"{where}.call_id: a non-empty string is required", where)
@@ -128,6 +138,13 @@ def input_messages(value: Any, out: list[dict[str, Any]], *, has_history: bool) 
             turns.reasoning += _reasoning_texts(item, where)
         else:
             raise _fail(f"{where}.type: {str(kind)[:64]!r} items are not supported here", where)
+
+
+def _call_id(item: dict[str, Any], where: str) -> str:
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise _fail(f"{where}.call_id: a non-empty string is required", where)
+    return call_id
 
 
 def _message(item: dict[str, Any], where: str, turns: _Turns) -> None:

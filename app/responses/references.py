@@ -16,7 +16,13 @@ from typing import Any
 from app.errors import InvalidRequest
 
 REFERENCE = "item_reference"
-_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+}
 
 
 def _new_id(kind: object) -> str:

@@ -17,23 +17,27 @@ conversation a ``previous_response_id`` continues (``store.py``):
   ``content`` texts, else its ``summary`` texts; ``encrypted_content`` is never produced by this
   gateway and is ignored): Kimi-K2.5's chat template then keeps or drops it as the model was
   trained (it keeps the thinking of the turns after the last user message).
-- Any other item type (``custom_tool_call``, hosted tools' calls...) → 400 naming it
+- ``custom_tool_call`` → a call of the custom tool's function (its ``input`` as the one argument,
+  ``app.responses.custom``), joined as ``function_call`` is; ``custom_tool_call_output`` → a
+  ``tool`` message as ``function_call_output`` is.
+- Any other item type (hosted tools' calls...) → 400 naming it
   (``item_reference`` items are resolved before: ``references.py``).
 
 Other fields: ``tools`` (``tools.py``) -- ``function`` tools as chat functions (``strict`` kept),
 ``namespace`` tools (Codex groups some functions so) flattened to functions named
 ``namespace.name`` and named back on the way out; hosted tools (``web_search``,
 ``file_search``, ``code_interpreter``, ``computer_use_preview``, ``image_generation``, ``mcp``,
-``local_shell``, ``shell``, ``apply_patch``...) and ``custom`` (free-form grammar) tools are a
-400 naming the type: nothing here runs them, and a model offered a tool it cannot call answers
-differently. ``tool_choice``
-(auto / none / required / a function by name), ``parallel_tool_calls``, ``max_output_tokens`` →
-``max_tokens``, ``temperature``, ``top_p``, ``text.format`` (``text``; ``json_object`` and
-``json_schema`` → ``response_format``), ``reasoning.effort`` → Kimi-K2.5's thinking switch
-(``chat_template_kwargs.thinking``: ``none`` → off, any other effort → on, absent → the model's
-default, which is to think), ``reasoning.summary`` (set: the reasoning streams as a summary,
-else as reasoning text), ``user`` → ``user`` (the routing key; else ``prompt_cache_key`` is),
-``stream`` (with usage always on).
+``local_shell``, ``shell``, ``apply_patch``...) are a 400 naming the type: nothing here runs
+them, and a model offered a tool it cannot call answers differently; ``custom`` (free-form) tools
+→ a function with one string argument (``app.responses.custom``: a grammar is advice, not
+enforced). ``tool_choice`` (auto / none / required / a function or custom tool by name),
+``parallel_tool_calls``, ``max_output_tokens`` → ``max_tokens``, ``temperature``, ``top_p``,
+``text.format`` (``text``; ``json_object`` and ``json_schema`` → ``response_format``),
+``reasoning.effort`` → Kimi-K2.5's thinking switch (``chat_template_kwargs.thinking``:
+``none`` → off, any other effort → on, absent → the model's default, which is to think),
+``reasoning.summary`` (set: the reasoning streams as a summary, else as reasoning text),
+``user`` → ``user`` (the routing key; else ``prompt_cache_key`` is), ``stream`` (with usage
+always on).
 
 Refused with a 400 naming the field (they would change the answer and cannot be honoured):
 ``background: true``, ``conversation``, ``prompt``, ``max_tool_calls``, ``top_logprobs``,
@@ -124,6 +128,7 @@ class Translated:
     # The chat messages after the instructions: what a stored response continues from.
     conversation: list[dict[str, Any]] = field(default_factory=list)
     dropped: str | None = None  # the first field of the body that was dropped, if any
+    custom: frozenset[str] = frozenset()  # the chat names of the custom (free-form) tools
 
 
 def _fail(message: str, param: str | None = None) -> InvalidRequest:
@@ -179,7 +184,8 @@ def translate(
         raise _fail("model: a non-empty string is required", "model")
     _refuse_unsupported(body)
     names: dict[str, tuple[str, str]] = {}
-    functions = tools(body.get("tools"), names)
+    custom: set[str] = set()
+    functions = tools(body.get("tools"), names, custom)
     conversation = list(history or ())
     input_messages(body.get("input"), conversation, has_history=bool(history))
     if len(conversation) + 1 > max_messages:
@@ -196,7 +202,7 @@ def translate(
     if functions:
         chat["tools"] = functions
     echo: dict[str, Any] = {}
-    tool_choice(body.get("tool_choice"), functions, chat, echo)
+    tool_choice(body.get("tool_choice"), functions, chat, echo, custom)
     _sampling(body, chat, echo)
     summary = _reasoning(body.get("reasoning"), chat, echo)
     _text(body.get("text"), chat, echo)
@@ -230,6 +236,7 @@ def translate(
         body.get("previous_response_id"),
         conversation,
         dropped,
+        frozenset(custom),
     )
 
 

@@ -6,7 +6,8 @@ produced them: ``reasoning`` (from ``reasoning_content``: as a ``summary_text`` 
 asked for a reasoning summary, else as ``reasoning_text`` content; ``encrypted_content`` is
 always null), ``message`` (the text as one ``output_text`` part) and one ``function_call`` per
 tool call (the worker's call id is the ``call_id``; a flattened namespace tool gets its name and
-``namespace`` back). ``finish_reason: length`` makes the response ``incomplete`` with
+``namespace`` back; a custom tool's call is a ``custom_tool_call`` with its ``input`` instead).
+``finish_reason: length`` makes the response ``incomplete`` with
 ``incomplete_details.reason = max_output_tokens``. Usage: ``input_tokens`` = prompt tokens
 (``input_tokens_details.cached_tokens`` the prefix-cache hits the worker reports),
 ``output_tokens`` = completion tokens (``output_tokens_details.reasoning_tokens`` as reported).
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import UpstreamBadResponse
+from app.responses.custom import arguments_of, input_of
 from app.upstream.usage import reported_count
 
 
@@ -36,6 +38,7 @@ class Context:
     echo: dict[str, Any]  # the request's settings the Response repeats
     names: dict[str, tuple[str, str]]  # flattened tool name → (namespace, name)
     summary: bool  # reasoning as summary_text (else reasoning_text)
+    custom: frozenset[str] = frozenset()  # the custom (free-form) tools' names
     id: str = field(default_factory=lambda: "resp_" + secrets.token_hex(16))
     created_at: int = field(default_factory=lambda: int(time.time()))
     # Called with the final Response (completed or incomplete), e.g. to store it.
@@ -140,6 +143,15 @@ def message_item(ctx: Context, index: int, text: str, status: str) -> dict[str, 
 def call_item(
     ctx: Context, index: int, call_id: str, name: str, arguments: str, status: str
 ) -> dict[str, Any]:
+    if name in ctx.custom:
+        return {
+            "id": ctx.item_id("ctc", index),
+            "type": "custom_tool_call",
+            "call_id": call_id,
+            "name": name,
+            "input": input_of(arguments) if arguments else "",
+            "status": status,
+        }
     item: dict[str, Any] = {
         "id": ctx.item_id("fc", index),
         "type": "function_call",
@@ -223,6 +235,9 @@ def assistant_turn(response: dict[str, Any], ctx: Context) -> dict[str, Any] | N
             if item.get("namespace"):
                 name = f"{item['namespace']}.{name}"
             function = {"name": name, "arguments": item["arguments"]}
+            calls.append({"id": item["call_id"], "type": "function", "function": function})
+        elif kind == "custom_tool_call":
+            function = {"name": item["name"], "arguments": arguments_of(item["input"])}
             calls.append({"id": item["call_id"], "type": "function", "function": function})
     if not (texts or reasoning or calls):
         return None

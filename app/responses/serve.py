@@ -159,7 +159,13 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
     if translated.dropped is not None:
         log.debug("request field %r (maybe others) dropped", translated.dropped[:100])
         gw.metrics.record_dropped_fields(RESPONSES_ROUTE)
-    ctx = Context(translated.chat["model"], translated.echo, translated.names, translated.summary)
+    ctx = Context(
+        translated.chat["model"],
+        translated.echo,
+        translated.names,
+        translated.summary,
+        custom=translated.custom,
+    )
     if store is not None and translated.store:
         ctx.on_final = _saver(store, key, ctx, translated.conversation, items)
     try:

@@ -3,8 +3,10 @@
 ``namespace.name``, named back on the way out (``Translated.names``, ``response.call_item``);
 ``tool_choice`` (auto / none / required / one function by name). Hosted tools (``HOSTED_TOOLS``:
 web search, file search, code interpreter, computer use, image generation, MCP, shells, patches)
-and ``custom`` (free-form grammar) tools are refused with a 400 naming the type: nothing here runs
-them, and a model offered a tool it cannot call would answer differently.
+are refused with a 400 naming the type: nothing here runs them, and a model offered a tool it
+cannot call would answer differently. ``custom`` (free-form) tools become a function with one
+string parameter, ``input`` (``app.responses.custom``), named in ``custom`` so the call goes back
+out as a ``custom_tool_call``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.errors import InvalidRequest
+from app.responses.custom import custom_function
 from app.responses.names import Names
 
 
@@ -64,7 +67,7 @@ def _function(tool: dict[str, Any], name: str, where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def tools(value: Any, names: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+def tools(value: Any, names: dict[str, tuple[str, str]], custom: set[str]) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -89,6 +92,10 @@ def tools(value: Any, names: dict[str, tuple[str, str]]) -> list[dict[str, Any]]
                 name = flat(sub.get("name"), space, at)
                 names[name] = (space, sub["name"])
                 out.append(_function(sub, name, at))
+        elif kind == "custom":
+            name = flat(tool.get("name"), None, where)
+            custom.add(name)
+            out.append(custom_function(tool, name, where))
         elif kind in HOSTED_TOOLS:
             raise _fail(
                 f"{where}.type: {kind!r} is a hosted tool, which this gateway cannot run; "
@@ -106,9 +113,14 @@ def echo_tools(value: Any) -> list[Any]:
 
 
 def tool_choice(
-    choice: Any, tools: list[dict[str, Any]], chat: dict[str, Any], echo: dict[str, Any]
+    choice: Any,
+    tools: list[dict[str, Any]],
+    chat: dict[str, Any],
+    echo: dict[str, Any],
+    custom: set[str] | frozenset[str] = frozenset(),
 ) -> None:
-    """``chat``'s ``tool_choice`` for ``choice`` (``tools``: the chat functions)."""
+    """``chat``'s ``tool_choice`` for ``choice`` (``tools``: the chat functions, ``custom``: the
+    names of those that are custom tools)."""
     echo["tool_choice"] = "auto"
     if choice is None:
         return
@@ -120,11 +132,12 @@ def tool_choice(
         echo["tool_choice"] = choice
         return
     kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind != "function" or not isinstance(choice, dict):
+    if kind not in ("function", "custom") or not isinstance(choice, dict):
         shown = str(kind if kind is not None else choice)[:64]
         raise _fail(f"tool_choice: {shown!r} is not supported here", "tool_choice")
     name = flat(choice.get("name"), choice.get("namespace"), "tool_choice")
-    if name not in {tool["function"]["name"] for tool in tools}:
-        raise _fail(f"tool_choice.name: no function tool named {name[:64]!r}", "tool_choice")
+    named = {tool["function"]["name"] for tool in tools}
+    if name not in (custom if kind == "custom" else named - custom):
+        raise _fail(f"tool_choice.name: no {kind} tool named {name[:64]!r}", "tool_choice")
     chat["tool_choice"] = {"type": "function", "function": {"name": name}}
     echo["tool_choice"] = choice

@@ -12,11 +12,15 @@ import hashlib
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from app.routing.prefix import PrefixBlocks
 from app.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from app.upstream.usage import Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +28,21 @@ class RoutingContext:
     model: str
     # prefix_affinity's key: X-Session-Id, else the request's `user`, else a conversation hash.
     routing_key: str | None = None
+    # The prompt's block chain over its raw bytes (``app.routing.prefix``), for cache_aware.
+    prefix: PrefixBlocks | None = None
 
 
 class Policy(Protocol):
     name: str
 
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker: ...
+
+
+@runtime_checkable
+class Learns(Protocol):
+    """A policy that learns from each answer (cache_aware: the worker's ``cached_tokens``)."""
+
+    def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None: ...
 
 
 def _busy(worker: Worker) -> int:
@@ -313,8 +326,19 @@ def make_prefill_policy(name: str, *, load_factor: float = 1.25) -> Policy:
     return LeastQueued()
 
 
-def make_policy(name: str, *, rng: random.Random, load_factor: float = 1.25) -> Policy:
-    """The policy called ``name`` (docs/contracts.md lists the names)."""
+def make_policy(
+    name: str,
+    *,
+    rng: random.Random,
+    load_factor: float = 1.25,
+    on_decision: Callable[[str], None] | None = None,
+) -> Policy:
+    """The policy called ``name`` (docs/contracts.md lists the names); ``on_decision``: told why
+    each request went where it did (cache_aware's reasons)."""
+    if name == "cache_aware":
+        from app.routing.cache_aware import CacheAware  # it builds on this module
+
+        return CacheAware(load_factor=load_factor, on_decision=on_decision)
     if name == "least_inflight":
         return LeastInflight()
     if name == "power_of_two":

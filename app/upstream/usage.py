@@ -24,6 +24,9 @@ class Usage:
     reasoning_tokens: int | None = None
     verify_steps: int | None = None
     exact: bool = False
+    # Of prompt_tokens: those served from the worker's prefix cache
+    # (``prompt_tokens_details.cached_tokens``; SGLang reports it with --enable-cache-report).
+    cached_tokens: int | None = None
 
     @property
     def accept_length(self) -> float | None:
@@ -56,10 +59,14 @@ def parse_usage(obj: object) -> Usage | None:
     reasoning = usage.get("reasoning_tokens")
     if reasoning is None and isinstance(details, dict):
         reasoning = details.get("reasoning_tokens")
+    prompt = usage.get("prompt_tokens_details")
     return Usage(
         reported_count(usage.get("prompt_tokens")),
         reported_count(usage.get("completion_tokens")),
         reported_count(reasoning),
+        cached_tokens=reported_count(prompt.get("cached_tokens"))
+        if isinstance(prompt, dict)
+        else None,
     )
 
 

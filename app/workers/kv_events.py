@@ -163,3 +163,14 @@ def sequence_number(frame: bytes) -> int:
     if len(frame) != 8:
         raise BadBatch("the sequence frame is not 8 bytes")
     return int.from_bytes(frame, "big", signed=True)
+
+
+class KvEventSinks:
+    """Hands every batch to each of ``sinks`` in turn (the counters, the routing index)."""
+
+    def __init__(self, sinks: Sequence[KvEventSink]) -> None:
+        self._sinks = tuple(sinks)
+
+    def kv_events(self, worker_url: str, events: Sequence[KvEvent], *, gap: bool) -> None:
+        for sink in self._sinks:
+            sink.kv_events(worker_url, events, gap=gap)

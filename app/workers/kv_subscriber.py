@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -29,7 +29,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from app.config import KvEventsConfig
-from app.workers.kv_events import BadBatch, KvEvent, KvEventSink, decode_batch, sequence_number
+from app.workers.kv_events import BadBatch, KvEventSink, decode_batch, sequence_number
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +50,6 @@ def endpoint_for(worker_url: str, config: KvEventsConfig) -> str | None:
     if ":" in host:
         host = f"[{host}]"
     return f"tcp://{host}:{port}"
-
-
-class Tee:
-    """A sink that hands every batch to several sinks, in order."""
-
-    def __init__(self, *sinks: KvEventSink) -> None:
-        self._sinks = sinks
-
-    def kv_events(self, worker_url: str, events: Sequence[KvEvent], *, gap: bool) -> None:
-        for sink in self._sinks:
-            sink.kv_events(worker_url, events, gap=gap)
 
 
 @dataclass

@@ -321,6 +321,47 @@ def panels() -> list[dict[str, Any]]:
     g.add(timeseries("Request duration", "s", quantiles("request_duration_seconds", "route")), w=12)
     g.add(timeseries("Admission queue wait", "s", quantiles("queue_wait_seconds", match="")), w=12)
 
+    g.row("Prefix cache and routing")
+    g.add(
+        timeseries(
+            "Prefix-cache hit ratio per worker",
+            "percentunit",
+            [
+                target(
+                    f"sum by (worker) (rate({P}cached_prompt_tokens_total{{{M},{W}}}{R})) / "
+                    f"sum by (worker) (rate({P}prompt_tokens_total{{{M},{W}}}{R}))",
+                    "{{worker}}",
+                ),
+                target(
+                    f"sum(rate({P}cached_prompt_tokens_total{{{M}}}{R})) / "
+                    f"sum(rate({P}prompt_tokens_total{{{M}}}{R}))",
+                    "fleet",
+                    "B",
+                ),
+            ],
+            "Of the prompt tokens each worker was sent, those its prefix cache served (the "
+            "cached_tokens of its answers; SGLang reports them with --enable-cache-report). "
+            "Every miss is prefill the worker recomputed.",
+        ),
+        w=12,
+    )
+    g.add(
+        timeseries(
+            "Why requests went where they did",
+            "reqps",
+            [
+                target(
+                    f"sum by (policy, reason) (rate({P}routing_decisions_total{R}))",
+                    "{{reason}} ({{policy}})",
+                )
+            ],
+            "cache_aware: cache_hit (the worker holding more of the prompt than the key's home), "
+            "affinity (the key's home), spill (the home was past the load bands), no_key, full, "
+            "single. Many spills: the fleet is short of capacity for its sessions.",
+        ),
+        w=12,
+    )
+
     g.row("Traffic and errors")
     g.add(
         timeseries(

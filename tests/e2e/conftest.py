@@ -97,7 +97,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             emulator(manager, "emu-a", "--seed", "1"),
             emulator(manager, "emu-b", "--seed", "1"),
         ]
-        yield Stack(gateway(manager, emus), emus)
+        # least_inflight: these tests name the worker a lone request goes to (ties by name).
+        yield Stack(gateway(manager, emus, env={"DFLASH_GATEWAY_POLICY": "least_inflight"}), emus)
 
 
 @pytest.fixture

@@ -132,7 +132,9 @@ def test_failure_before_commit_is_retried_on_the_other_worker(
 def test_dead_worker_is_retried_on_the_other(procs: ProcessManager) -> None:
     a, b = emulator(procs, "emu-a"), emulator(procs, "emu-b")
     # Slow health checks: the gateway still believes the killed worker is healthy.
-    gw = gateway(procs, [a, b], env={"DFLASH_GATEWAY_HEALTH__INTERVAL_S": "600"})
+    # least_inflight: a lone request goes to the first worker by name, the one killed.
+    env = {"DFLASH_GATEWAY_HEALTH__INTERVAL_S": "600", "DFLASH_GATEWAY_POLICY": "least_inflight"}
+    gw = gateway(procs, [a, b], env=env)
     dead = min((a, b), key=lambda e: f"127.0.0.1:{e.port}")
     alive = b if dead is a else a
     dead.kill()

@@ -53,7 +53,13 @@ def three(procs: ProcessManager) -> list[ManagedProcess]:
 def test_killed_worker_is_evicted_and_readmitted_without_failing_requests(
     procs: ProcessManager, three: list[ManagedProcess]
 ) -> None:
-    gw = gateway(procs, three, env={"DFLASH_GATEWAY_HEALTH__FAILURE_THRESHOLD": "2"})
+    # least_inflight: the readmitted worker must get one of three streams held at once (the
+    # default cache_aware keeps identical requests, one conversation, on one worker).
+    env = {
+        "DFLASH_GATEWAY_HEALTH__FAILURE_THRESHOLD": "2",
+        "DFLASH_GATEWAY_POLICY": "least_inflight",
+    }
+    gw = gateway(procs, three, env=env)
     victim = three[1]
     poll(lambda: all(w["state"] == "healthy" for w in _workers(gw).values()))
     victim.kill()

@@ -32,6 +32,16 @@ WEATHER: dict[str, Any] = {
         "required": ["city"],
     },
 }
+PATCH: dict[str, Any] = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files with a patch.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "*** Begin Patch" LF body "*** End Patch"\nbody: /(.|\\n)*/',
+    },
+}
 EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
@@ -111,6 +121,67 @@ def test_tool_round_trip_with_function_call_output(client: openai.OpenAI) -> Non
     )
     assert second.status == "completed"
     assert [item.type for item in second.output][-1] == "message" and second.output_text
+
+
+def test_custom_tool_round_trip_with_custom_tool_call_output(client: openai.OpenAI) -> None:
+    ask = "Use apply_patch to add hello.txt."
+    first = client.responses.create(
+        model=MODEL,
+        input=ask,
+        tools=[PATCH],
+        max_output_tokens=4000,
+    )
+    assert first.status == "completed" and first.tools[0].type == "custom"
+    calls = [item for item in first.output if item.type == "custom_tool_call"]
+    assert len(calls) == 1 and calls[0].name == "apply_patch" and calls[0].call_id
+    assert isinstance(calls[0].input, str) and calls[0].input  # the input itself, not JSON
+    assert not calls[0].input.startswith('{"input"')
+    assert not [item for item in first.output if item.type == "function_call"]
+    follow = [
+        {"role": "user", "content": ask},
+        *[item.model_dump(exclude_none=True) for item in first.output],
+        {"type": "custom_tool_call_output", "call_id": calls[0].call_id, "output": "Done"},
+    ]
+    second = client.responses.create(
+        model=MODEL,
+        input=follow,
+        tools=[PATCH],
+        max_output_tokens=4000,
+    )
+    assert second.status == "completed"
+    assert second.output[-1].type == "message" and second.output_text
+    # The same turn continued from the stored response: its call is part of the conversation.
+    output = {"type": "custom_tool_call_output", "call_id": calls[0].call_id, "output": "Done"}
+    third = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[output],
+        tools=[PATCH],
+        max_output_tokens=4000,
+    )
+    assert third.status == "completed" and third.output_text
+
+
+def test_custom_tool_call_streams_its_input(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model=MODEL,
+        input="Use apply_patch to add hello.txt.",
+        tools=[PATCH],
+        max_output_tokens=4000,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert "response.function_call_arguments.delta" not in kinds
+    deltas = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert len(done) == 1 and done[0].input == "".join(deltas) != ""
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    call = final.output[-1]
+    assert call.type == "custom_tool_call" and call.name == "apply_patch"
+    assert call.input == done[0].input and call.id == done[0].item_id
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert added[-1].type == "custom_tool_call" and added[-1].id == call.id
 
 
 def test_json_schema_parsed(client: openai.OpenAI) -> None:
@@ -210,7 +281,9 @@ def test_no_store_previous_response_id_is_a_clear_400(
     ("body", "param"),
     [
         ({"tools": [{"type": "web_search"}]}, "tools.0"),
-        ({"tools": [{"type": "custom", "name": "patch"}]}, "tools.0"),
+        ({"tools": [{"type": "custom", "name": "patch",
+                     "format": {"type": "grammar", "syntax": "peg", "definition": "x"}}]},
+         "tools.0"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
          "input.0.content.0"),

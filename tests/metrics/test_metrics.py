@@ -211,6 +211,7 @@ async def test_worker_gauges_come_from_the_pool_when_scraped() -> None:
         "dflash_gateway_upstream_attempts_total",
         "dflash_gateway_upstream_violations_total",
         "dflash_gateway_prompt_tokens_total",
+        "dflash_gateway_cached_prompt_tokens_total",
         "dflash_gateway_completion_tokens_total",
         "dflash_gateway_reasoning_tokens_total",
         "dflash_gateway_spec_verify_steps_total",

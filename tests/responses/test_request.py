@@ -125,7 +125,19 @@ def test_codex_fields_are_understood_and_unknown_ones_named() -> None:
     ("body", "param"),
     [
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0"),
-        ({"input": "x", "tools": [{"type": "custom", "name": "p"}]}, "tools.0"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "p",
+                                   "format": {"type": "grammar", "syntax": "peg",
+                                              "definition": "x"}}]}, "tools.0"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "p",
+                                   "format": {"type": "grammar", "syntax": "lark"}}]}, "tools.0"),
+        ({"input": "x", "tools": [{"type": "custom"}]}, "tools.0"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "p"}]}, "input.0"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "p"}],
+          "tool_choice": {"type": "custom", "name": "q"}}, "tool_choice"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "p"}],
+          "tool_choice": {"type": "function", "name": "p"}}, "tool_choice"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}],
+          "tool_choice": {"type": "custom", "name": "f"}}, "tool_choice"),
         ({"input": [{"type": "item_reference", "id": "i"}]}, "input.0"),
         ({"input": [{"type": "local_shell_call"}]}, "input.0"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
@@ -150,6 +162,36 @@ def test_codex_fields_are_understood_and_unknown_ones_named() -> None:
 )  # fmt: skip
 def test_what_cannot_be_honoured_is_refused_naming_it(body: dict[str, Any], param: str) -> None:
     assert refused(body).param == param
+
+
+def test_custom_tools_become_one_string_argument_functions_and_come_back_as_calls() -> None:
+    grammar = {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'}
+    tools = [
+        {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": grammar},
+        {"type": "custom", "name": "note"},
+    ]
+    items = [
+        {"role": "user", "content": "Patch it."},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": 'a "b"\n'},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"},
+    ]
+    out = translate(
+        {"model": MODEL, "input": items, "tools": tools,
+         "tool_choice": {"type": "custom", "name": "note"}},
+        max_messages=100,
+    )  # fmt: skip
+    patch, note = (tool["function"] for tool in out.chat["tools"])
+    assert patch["name"] == "apply_patch" and patch["description"].startswith("Edit files.")
+    assert "Lark grammar" in patch["description"] and "*** Begin Patch" in patch["description"]
+    assert patch["parameters"]["required"] == ["input"]
+    assert patch["parameters"]["properties"]["input"]["type"] == "string"
+    assert "description" not in note and note["parameters"]["required"] == ["input"]
+    assert out.custom == {"apply_patch", "note"}
+    assert out.chat["tool_choice"] == {"type": "function", "function": {"name": "note"}}
+    call = out.chat["messages"][1]["tool_calls"][0]
+    assert call["id"] == "c1" and call["function"]["name"] == "apply_patch"
+    assert orjson.loads(call["function"]["arguments"]) == {"input": 'a "b"\n'}
+    assert out.chat["messages"][2] == {"role": "tool", "tool_call_id": "c1", "content": "Done!"}
 
 
 def test_history_continues_and_counts_against_the_message_cap() -> None:

@@ -92,6 +92,51 @@ def test_the_grammar_whatever_the_reads(size: int) -> None:
     assert stream.usage is not None and stream.usage.completion_tokens == 7
 
 
+def custom_call(*arguments: str) -> list[bytes]:
+    head = {"index": 0, "id": "functions.apply_patch:0", "type": "function",
+            "function": {"name": "apply_patch", "arguments": ""}}  # fmt: skip
+    pieces = [{"index": 0, "function": {"arguments": piece}} for piece in arguments]
+    return [
+        sse({"role": "assistant", "content": ""}),
+        sse({"tool_calls": [head]}),
+        *[sse({"tool_calls": [piece]}) for piece in pieces],
+        sse({}, "tool_calls"),
+        USAGE,
+        b"data: [DONE]\n\n",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected", "deltas"),
+    [
+        (['{"inp', 'ut": "*** Begin Patch\\n', "caf\\u00e", '9 \\"q\\"', '"}'],
+         '*** Begin Patch\ncaf\u00e9 "q"', 3),  # decoded as it comes, escapes whole
+        (['{"input": "a\\ud83d', '\\ude00b"}'], "a\U0001f600b", 2),  # a surrogate pair split
+        (['{"input": "\\ud800"}'], "\ufffd", 1),  # a lone surrogate
+        (['{"input": "cut sho', "rt"], "cut short", 2),  # never closed: as far as it goes
+        (['{"x": 1, "input": "y"}'], "y", 1),
+        (["not ", "json"], "not json", 1),  # arguments the model got wrong: passed on as written
+        ([], "", 0),
+    ],
+)  # fmt: skip
+def test_a_custom_tools_call_is_a_custom_tool_call_with_its_input(
+    arguments: list[str], expected: str, deltas: int
+) -> None:
+    stream = ResponsesStream(context(custom=frozenset({"apply_patch"})))
+    got = events(b"".join(stream.feed(chunk) for chunk in custom_call(*arguments)))
+    kinds = [e.type for e in got]
+    assert not [kind for kind in kinds if kind.startswith("response.function_call")]
+    added = next(e for e in got if e.type == "response.output_item.added")
+    assert added.item.type == "custom_tool_call" and added.item.input == ""
+    pieces = [e.delta for e in got if e.type == "response.custom_tool_call_input.delta"]
+    done = next(e for e in got if e.type == "response.custom_tool_call_input.done")
+    assert "".join(pieces) == done.input == expected and len(pieces) == deltas
+    call = got[-1].response.output[0]
+    assert (call.type, call.name, call.input) == ("custom_tool_call", "apply_patch", expected)
+    assert call.call_id == "functions.apply_patch:0" and call.id == added.item.id == done.item_id
+    assert call.status == "completed"
+
+
 def test_summary_mode_and_a_cut_answer_is_incomplete() -> None:
     stream = ResponsesStream(context(summary=True))
     worker = [*WORKER[:4], sse({}, "length"), b"data: [DONE]\n\n"]
