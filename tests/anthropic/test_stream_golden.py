@@ -99,7 +99,9 @@ def translate(raw: bytes, options: dict[str, Any], size: int) -> str:
         out.append(stream.finish())
     except GatewayError as exc:
         out.append(f"<raised {type(exc).__name__}: {exc}>".encode())
-    tally = (stream.events, stream.done, stream.inband_error, stream.usage)
+    usage = stream.usage
+    counts = usage and (usage.prompt_tokens, usage.completion_tokens, usage.verify_steps)
+    tally = (stream.events, stream.done, stream.inband_error, counts)
     return b"".join(out).decode() + f"\n<{tally!r}>"
 
 
