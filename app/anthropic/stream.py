@@ -29,8 +29,8 @@ chunk is a broken worker's: ``UpstreamBadResponse`` (before the first event: ret
 worker; after it: Anthropic's in-band ``event: error``), the worker's breaker told either way.
 
 Cost per chunk: the common worker event (one text or reasoning delta of the open block's kind,
-in SGLang's layout) is not parsed whole (``_quick``): it is its block's learnt head, one JSON
-string literal and SGLang's fixed tail, and only the literal is decoded (one small orjson call,
+in one of SGLang's layouts) is not parsed whole (``_quick``): it is its block's learnt head, one
+JSON string literal and its learnt tail, and only the literal is decoded (one small orjson call,
 checked to be exactly one string) and written into a delta event prepared when the block
 opened. A head is learnt (``_learn``) from an event that was parsed whole and was such a delta:
 the same event with a probe string in place of its literal is parsed too, and must give the
@@ -70,8 +70,7 @@ _DELTA = (
     b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
     b'"delta":{"type":"%s","%s":'
 )
-# The common worker event's end after its literal (SGLang's layout), and a probe for ``_learn``.
-_FAST_TAIL = b'},"logprobs":null,"finish_reason":null,"matched_stop":null}]}'
+# A probe for the literal of an event ``_learn`` looks at.
 _PROBE = b'"\\u0001"'
 # The delta field a block's text comes from, by the block's kind (``_learn``).
 _FIELDS = {"thinking": b'"reasoning_content":', "text": b'"content":'}
@@ -111,7 +110,7 @@ class MessagesStream(StreamState):
         self._steps = 0  # chat data events with choices
         self._failed = False
         # The common delta event's bytes up to its literal, by block kind (``_learn``).
-        self._heads: dict[str, bytes] = {}
+        self._heads: dict[str, tuple[bytes, bytes]] = {}  # and after it
         self._out: bytes | None = None  # the open block's delta event up to its value
 
     def feed(self, chunk: bytes) -> bytes:
@@ -147,10 +146,14 @@ class MessagesStream(StreamState):
     def _quick(self, event: bytes) -> bytes | None:
         """The open block's common delta, its literal alone decoded; None: parse it whole."""
         kind = self._block
-        head = self._heads.get(kind) if kind is not None else None
-        if head is None or not event.endswith(_FAST_TAIL) or not event.startswith(head):
+        learnt = self._heads.get(kind) if kind is not None else None
+        if learnt is None:
             return None
-        literal = event[len(head) : -len(_FAST_TAIL)]
+        head, tail = learnt
+        end = len(event) - len(tail)
+        if end <= len(head) or not event.endswith(tail) or not event.startswith(head):
+            return None
+        literal = event[len(head) : end]
         try:
             text = orjson.loads(literal)
         except orjson.JSONDecodeError:
@@ -172,13 +175,20 @@ class MessagesStream(StreamState):
         """Learns the open block's head from ``event``, a delta of that block's kind parsed whole,
         when the event with a probe for its literal reads as that block's text and nothing else."""
         kind = self._block
-        if kind not in _FIELDS or not event.endswith(_FAST_TAIL) or kind in self._heads:
+        if kind not in _FIELDS or kind in self._heads:
             return
-        at = event.rfind(_FIELDS[kind], 0, len(event) - len(_FAST_TAIL))
+        marker = _FIELDS[kind] + b'"'  # the field, its value a string
+        at = event.find(marker)
         if at < 0:
             return
-        head = event[: at + len(_FIELDS[kind])]
-        probe = head + _PROBE + _FAST_TAIL
+        start = at + len(marker) - 1  # the literal's opening quote
+        close = event.find(b'"', start + 1)
+        while close > 0 and (close - len(event[:close].rstrip(b"\\"))) % 2:
+            close = event.find(b'"', close + 1)  # an escaped quote: inside the literal
+        if close < 0:
+            return
+        head, tail = event[:start], event[close + 1 :]
+        probe = head + _PROBE + tail
         try:
             obj = orjson.loads(probe[probe.find(b"data:") + 5 :].strip())
             choices = obj["choices"]
@@ -194,7 +204,7 @@ class MessagesStream(StreamState):
         if kind == "text":
             want = reasoning is None and text == "\x01"
         if want and not delta.get("tool_calls") and "error" not in obj:
-            self._heads[kind] = head
+            self._heads[kind] = (head, tail)
 
     def _data(self, payload: bytes, out: list[bytes]) -> bool:
         """Translates one worker event; True when it was a delta of the open block's kind."""

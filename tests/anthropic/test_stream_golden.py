@@ -80,7 +80,14 @@ def cases() -> dict[str, tuple[bytes, dict[str, Any]]]:
         done,
     ]
     broken = [start, chunks.content("a"), chunks.content("b"), _raw(b'{"content":7}'), done]
+    plain = render.ChatChunks("abc123", 1, "moonshotai/Kimi-K2.5", tools_active=False)
+    layout = [plain.role()]  # SGLang's layout without tools
+    for i, text in enumerate(texts * 3):
+        layout.append(plain.reasoning(text) if i % 5 < 2 else plain.content(text))
+    layout += [plain.finish("stop", None), plain.usage(render.usage(9, 21, 8, None)), done]
     return {
+        "plain": (b"".join(layout), {}),
+        "plain_omitted": (b"".join(layout), {"omit_thinking": True}),
         "mixed": (b"".join(mixed), {}),
         "mixed_omitted": (b"".join(mixed), {"omit_thinking": True}),
         "tool": (b"".join(tool), {"expose": True}),
