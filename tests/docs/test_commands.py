@@ -5,7 +5,8 @@ convention is in ``tests/docs/commands.py``.
 
 The fresh clone is the repository's files (tracked, plus new ones not ignored) copied into a
 temporary directory: no ``.venv``, no ``.tools``, nothing built. The first command on it,
-``make run``, installs the project (about a minute); the copy is shared by the pages. Commands
+``make run``, installs the project (about a minute); the copy is shared by the pages (a page run
+on its own gets ``make install`` first, as its reader followed the README). Commands
 run with a ``PATH`` that holds no virtualenv, so a page that calls ``dflash-gateway`` without
 ``.venv/bin/`` (or an activation line) fails here as it would for a reader. The only change made
 to a command: the gateway's documented port 8000 becomes a free one (``DFLASH_GATEWAY_PORT``, and
@@ -195,6 +196,18 @@ def port() -> int:
 @pytest.mark.parametrize("page", PAGES)
 def test_page_commands_run_on_a_fresh_clone(page: str, clone: Path, port: int) -> None:
     env = reader_env(port)
+    if not (clone / ".venv/bin/python").exists():
+        # A page read on its own (or before the README's): its reader has run the README's
+        # install step first.
+        subprocess.run(
+            ["make", "install"],
+            cwd=clone,
+            env=env,
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=INSTALL_S,
+        )
     server: Server | None = None
     ran = 0
     try:
