@@ -22,7 +22,6 @@ sees which endpoint a client wanted.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable, Collection, Sequence
 
@@ -65,21 +64,27 @@ _MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})' % (MAX_CLIENT_TEXT
 _STREAM = re.compile(rb'"stream"\s*:\s*true\b')
 
 
+def _capped(text: str) -> str:
+    return text if len(text) <= MAX_CLIENT_TEXT else text[: MAX_CLIENT_TEXT - 3] + "..."
+
+
 def asked_for(parsed: ParsedRequest | None, raw: bytes) -> tuple[str, bool]:
     """The model and stream flag a refused request asked for: the parsed request's, else what
-    the body's first bytes say (JSON escapes decoded, then escaped and capped by
-    ``client_text``), else ``-``/false."""
+    the body's first bytes say (JSON escapes decoded), capped at ``MAX_CLIENT_TEXT``
+    characters, else ``-``/false. The log's formatters escape it (``app.accesslog``: a control
+    character never breaks a line; JSON lines by their encoder), as they do the served model."""
     if parsed is not None:
-        return client_text(parsed.model.encode("utf-8")), parsed.stream
+        return _capped(parsed.model), parsed.stream
     head = raw[:_ASKED_WINDOW]
     found = _MODEL.search(head)
     name = NO_MODEL
     if found is not None:
         value = found.group(1)
-        # Left as sent when cut inside an escape, or not JSON at all.
-        with contextlib.suppress(orjson.JSONDecodeError):
-            value = orjson.loads(b'"' + value + b'"').encode("utf-8")
-        name = client_text(value)
+        try:
+            name = orjson.loads(b'"' + value + b'"')
+        except orjson.JSONDecodeError:  # cut inside an escape, or not JSON at all: as sent
+            name = value.decode("utf-8", "backslashreplace")
+        name = _capped(name)
     return name, _STREAM.search(head) is not None
 
 
