@@ -41,14 +41,17 @@ log = logging.getLogger(__name__)
 
 
 def curl_example(base_url: str, model: str) -> str:
-    body = {
-        "model": model,
-        "stream": True,
-        "messages": [{"role": "user", "content": "Why is the sky blue?"}],
-    }
+    """The README's streamed-answer command, as it shows it (one argument a line), for
+    ``base_url`` and ``model``."""
+    name = orjson.dumps(model).decode()
+    body = (
+        f'{{"model": {name}, "stream": true,\n'
+        '       "messages": [{"role": "user", "content": "Why is the sky blue?"}]}'
+    )
     return (
-        f"curl -N {base_url}/v1/chat/completions -H 'Content-Type: application/json' "
-        f"-d {shlex.quote(orjson.dumps(body).decode())}"
+        f"curl -N {base_url}/v1/chat/completions \\\n"
+        "  -H 'Content-Type: application/json' \\\n"
+        f"  -d {shlex.quote(body)}"
     )
 
 
@@ -63,7 +66,7 @@ def _banner(settings: Settings, port: int, workers: list[str]) -> str:
             lines[0] += f" in PD mode: emulated prefill {workers[0]}, decode {workers[1]}"
         else:
             lines[0] += f" in front of {len(workers)} emulated workers ({', '.join(workers)})"
-        lines += ["Try it:", "  " + curl_example(base, aliases[0] if aliases else model)]
+        lines += ["Try it:", curl_example(base, aliases[0] if aliases else model)]
         if "claude-*" in settings.model_aliases:
             lines.append(f"  ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN=any claude")
         lines.append("Ctrl-C stops the gateway and its workers.")

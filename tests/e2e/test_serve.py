@@ -20,9 +20,11 @@ SCRIPT = Path(__import__("sys").executable).with_name("dflash-gateway")
 
 
 def readme_curl() -> str:
-    lines = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("curl -N")]
-    assert len(lines) == 1, "README should show exactly one curl -N command"
-    return lines[0]
+    """The README's one ``curl -N`` command, its continuation lines included."""
+    text = (ROOT / "README.md").read_text()
+    assert text.count("\ncurl -N ") == 1, "README should show exactly one curl -N command"
+    start = text.index("\ncurl -N ") + 1
+    return text[start : text.index("\n```", start)]
 
 
 def test_make_run_is_serve_with_no_workers() -> None:
