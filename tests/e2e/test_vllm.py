@@ -151,7 +151,9 @@ def test_acceptance_and_throughput_per_worker_for_both_engines(procs: ProcessMan
         _vllm(procs, "vllm-b", "--seed", "12", "--max-num-seqs", "8"),
         emulator(procs, "sglang", "--seed", "13"),
     ]
-    gw = gateway(procs, emus, env=FAST_LOADS)
+    # least_inflight: every worker must get traffic to show its figures; a capacity-aware policy
+    # rightly prefers the vLLM workers here (256 reported slots against SGLang's 48).
+    gw = gateway(procs, emus, env={**FAST_LOADS, "DFLASH_GATEWAY_POLICY": "least_inflight"})
     poll(lambda: all(w["state"] == "healthy" for w in _workers(gw).values()), timeout=15)
     seen_throughput: dict[str, float] = {}
     stop = threading.Event()
