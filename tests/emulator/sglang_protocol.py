@@ -18,6 +18,9 @@ _PARENTS = ("sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entryp
 
 
 def _package_dir() -> Path:
+    loaded = sys.modules.get("sglang")  # registered by an earlier load: find_spec refuses it
+    if loaded is not None and getattr(loaded, "__path__", None):
+        return Path(next(iter(loaded.__path__)))
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("sglang is not installed; run `make install`")
