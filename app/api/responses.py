@@ -23,6 +23,8 @@ router = APIRouter()
 _GONE: dict[int | str, dict[str, Any]] = {
     status: error_responses()[status] for status in (401, 404)
 }
+# A list's query (limit, order) out of range is a 400, as every refused request is.
+_LISTED: dict[int | str, dict[str, Any]] = {400: error_responses()[400], **_GONE}
 
 
 def _missing(response_id: str) -> NotFound:
@@ -38,7 +40,7 @@ async def retrieve_response(response_id: str, gw: GatewayDep, key: ClientKey) ->
     return Response(orjson.dumps(record["response"]), media_type="application/json")
 
 
-@router.get("/v1/responses/{response_id}/input_items", responses=_GONE)
+@router.get("/v1/responses/{response_id}/input_items", responses=_LISTED)
 async def list_input_items(
     response_id: str,
     gw: GatewayDep,

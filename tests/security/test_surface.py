@@ -66,6 +66,7 @@ async def test_openapi_documents_the_public_bodies() -> None:
         "/v1/messages/count_tokens",
         "/v1/responses",
         "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/input_items",
     }
     schemas = doc["components"]["schemas"]
     chat_body = doc["paths"][CHAT]["post"]["requestBody"]["content"]["application/json"]
