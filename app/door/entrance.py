@@ -26,7 +26,7 @@ from app.door import checks as door
 from app.door.entry import Entry
 from app.door.limits import KeyLimits
 from app.door.reject import asked_for, refuse
-from app.door.request_id import client_request_id_of, echo_id_of, outer_send, request_id_of
+from app.door.request_id import client_request_id_of, echo_id_of, request_id_of
 from app.door.visit import Check, Visit
 from app.errors import GatewayError
 from app.gateway import Gateway
@@ -112,9 +112,7 @@ class Door:
             return
         try:
             job = visit.job = self._job(visit)
-            # The server's own send when RequestIdMiddleware ran (the CORS case): no wrapper per
-            # chunk.
-            await proxy.run(job, receive, outer_send(scope, send), direct_body(scope))
+            await proxy.run(job, receive, send, direct_body(scope))
         finally:
             if visit.leases is not None:
                 await _release(visit)

@@ -48,24 +48,21 @@ MAX_CLIENT_TEXT = 200
 _ESCAPED = {b: f"\\x{b:02x}" for b in (*range(0x21), 0x22, 0x5C, *range(0x7F, 0x100))}
 
 
+def _capped(text: str) -> str:
+    return text if len(text) <= MAX_CLIENT_TEXT else text[: MAX_CLIENT_TEXT - 3] + "..."
+
+
 def client_text(raw: bytes) -> str:
     """A client-chosen string (a method, a path) safe to write in a log line: printable ASCII,
     anything else escaped as ``\\xNN``, at most ``MAX_CLIENT_TEXT`` characters (``...`` marks
     the cut)."""
-    text = "".join(_ESCAPED.get(b, chr(b)) for b in raw[: MAX_CLIENT_TEXT + 1])
-    if len(text) > MAX_CLIENT_TEXT:
-        return text[: MAX_CLIENT_TEXT - 3] + "..."
-    return text
+    return _capped("".join(_ESCAPED.get(b, chr(b)) for b in raw[: MAX_CLIENT_TEXT + 1]))
 
 
 # Where a refused body's model and stream flag are looked for (the log names what was asked).
 _ASKED_WINDOW = 4096
 _MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,%d})' % (MAX_CLIENT_TEXT + 1))
 _STREAM = re.compile(rb'"stream"\s*:\s*true\b')
-
-
-def _capped(text: str) -> str:
-    return text if len(text) <= MAX_CLIENT_TEXT else text[: MAX_CLIENT_TEXT - 3] + "..."
 
 
 def asked_for(parsed: ParsedRequest | None, raw: bytes) -> tuple[str, bool]:

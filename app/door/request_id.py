@@ -8,9 +8,8 @@ It is kept in the records as ``client_request_id`` (escaped: printable ASCII, an
 ``\\xNN``; at most ``CLIENT_MAX_BYTES`` bytes of it), so a client finds its requests there by the
 id it sent and got back. Without a sane one of its own, the client gets the gateway's id back.
 
-A pure ASGI middleware (no ``BaseHTTPMiddleware``): it touches only the response start message.
-It also leaves the send it was given as the ASGI scope extension ``SEND_EXTENSION`` so the
-streaming proxy response can skip the per-chunk wrapper layers between here and the route.
+A pure ASGI middleware (no ``BaseHTTPMiddleware``) puts it on FastAPI's own answers; the door
+(ahead of FastAPI) puts it on the answers of the completion routes itself.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from app.door.reject import client_text
 from app.proxy.downstream import Message, Receive, Send
 
 HEADER = b"x-request-id"
-SEND_EXTENSION = "dflash.outer_send"
 CLIENT_MAX_BYTES = 128
 _CLIENT = "client_request_id"
 _ECHO = "echo_request_id"
@@ -65,13 +63,6 @@ def client_request_id_of(scope: dict[str, Any]) -> str | None:
     return client
 
 
-def outer_send(scope: dict[str, Any], send: Send) -> Send:
-    """The send ``RequestIdMiddleware`` was given, if it ran for this request, else ``send``."""
-    extensions = scope.get("extensions")
-    outer: Send | None = extensions.get(SEND_EXTENSION) if extensions else None
-    return outer or send
-
-
 class RequestIdMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -81,7 +72,6 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         raw = echo_id_of(scope).encode("ascii")
-        scope.setdefault("extensions", {})[SEND_EXTENSION] = send
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
