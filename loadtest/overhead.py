@@ -3,7 +3,7 @@
 One emulated worker in ``--replay`` mode (pre-rendered chunks, no generation work) is measured
 three ways: direct, through dflash-gateway and through sglang-router. Each proxy is pinned to CPU 0
 with ``taskset``; the emulator and this load generator share the other CPU. Proxies are measured
-one at a time. Per proxy and scenario:
+one at a time (``--rounds N``: N interleaved times each, summed). Per proxy and scenario:
 
 - throughput (chunks/s for streams, requests/s otherwise);
 - added TTFT p50/p99 against the direct run of the same scenario;
@@ -108,6 +108,20 @@ class Measurement:
     def ttft(self, q: float) -> float:
         return percentile(sorted(self.ttfts), q)
 
+    def merge(self, other: Measurement) -> Measurement:
+        """This target's figures over both runs (another round of the same scenario)."""
+        cpu = None if self.cpu_s is None or other.cpu_s is None else self.cpu_s + other.cpu_s
+        return Measurement(
+            self.scenario,
+            self.target,
+            self.ok + other.ok,
+            self.failed + other.failed,
+            self.chunks + other.chunks,
+            self.wall_s + other.wall_s,
+            self.ttfts + other.ttfts,
+            cpu,
+        )
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=2000, help="requests per saturation run")
@@ -131,6 +145,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--pd-speed", type=float, default=50.0, help="the PD rows' emulators' --speed")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every target this many times, interleaved (direct, gateway, messages, "
+        "responses, direct, ...), and sum each target's rounds: a machine's drift during the "
+        "run then weighs on every target alike",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results"))
 
 
@@ -420,28 +442,45 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
             pd_gateways, pd_emulators = start_pd(procs, scenario, args)
             proxies.update(pd_gateways)
             targets += [(n, p, p, CHAT) for n, p in pd_gateways.items()]
-        for name, target, proxy, path in targets:
-            warm = Scenario(
-                scenario.name,
-                scenario.stream,
-                scenario.concurrency,
-                scenario.concurrency * 2,
-                scenario.chunk_interval_s,
-            )
-            await drive(target.url, warm, model, args.max_tokens, path, args.api_key)  # warm-up
-            before = process_tree_cpu(proxy.pid) if proxy else 0.0
-            result = await drive(target.url, scenario, model, args.max_tokens, path, args.api_key)
-            result.target = name
-            if proxy is not None:
-                result.cpu_s = process_tree_cpu(proxy.pid) - before
+        done: dict[str, Measurement] = {}
+        for _ in range(max(1, getattr(args, "rounds", 1))):
+            for name, target, proxy, path in targets:
+                result = await _measure(args, scenario, model, target, proxy, path)
+                result.target = name
+                done[name] = done[name].merge(result) if name in done else result
+        for result in done.values():
             measurements.append(result)
             print(
-                f"  {scenario.name:<18} {name:<16} ok={result.ok} failed={result.failed}",
+                f"  {scenario.name:<18} {result.target:<16} ok={result.ok} failed={result.failed}",
                 file=sys.stderr,
             )
         for proc in (*proxies.values(), emulator, *pd_emulators):
             proc.stop()
     return measurements
+
+
+async def _measure(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    model: str,
+    target: ManagedProcess,
+    proxy: ManagedProcess | None,
+    path: str,
+) -> Measurement:
+    """One warmed-up run of ``scenario`` against ``target``, with ``proxy``'s CPU over it."""
+    warm = Scenario(
+        scenario.name,
+        scenario.stream,
+        scenario.concurrency,
+        scenario.concurrency * 2,
+        scenario.chunk_interval_s,
+    )
+    await drive(target.url, warm, model, args.max_tokens, path, args.api_key)  # warm-up
+    before = process_tree_cpu(proxy.pid) if proxy else 0.0
+    result = await drive(target.url, scenario, model, args.max_tokens, path, args.api_key)
+    if proxy is not None:
+        result.cpu_s = process_tree_cpu(proxy.pid) - before
+    return result
 
 
 def table(measurements: Sequence[Measurement]) -> str:

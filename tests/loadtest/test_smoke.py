@@ -132,6 +132,32 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     assert all(m["cpu_s_per_1000"] is not None for m in data if m["target"] != "direct")
 
 
+def test_overhead_bench_sums_each_targets_interleaved_rounds(tmp_path: Path) -> None:
+    result = _bench(
+        "overhead",
+        "--skip-router",
+        "--skip-pd",
+        "--scenarios",
+        "stream_saturation",
+        "--requests",
+        "12",
+        "--concurrency",
+        "3",
+        "--max-tokens",
+        "16",
+        "--rounds",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "overhead.json").read_text())
+    targets = [m["target"] for m in data]
+    assert targets == ["direct", "dflash-gateway", "gateway-messages", "gateway-responses"]
+    assert all(m["ok"] == 36 and m["failed"] == 0 for m in data)
+    assert any("/v1/messages CPU per chunk" in line for line in result.stdout.splitlines())
+
+
 def test_overhead_ab_bench_measures_each_checkout_in_interleaved_blocks() -> None:
     result = _bench(
         "overhead-ab",
