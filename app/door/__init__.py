@@ -10,7 +10,7 @@ limits.py     the key's limits and quotas (``KeyLimits``), and what an answer is
 visit.py      ``Visit`` (one request at the door), ``Check`` and ``Lease``
 entry.py      ``Entry`` and ``Operation``: what a surface declares per POST route
 asgi.py       ``GatewayApp``: the ASGI entry ``app.main`` builds, ahead of FastAPI
-keys.py, request_id.py, reject.py
+api_keys.py, request_id.py, reject.py
               the API key, X-Request-Id, and the refusals (answered in the surface's shape,
               logged and counted)
 """

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable
 
-from app.door.keys import key_name
+from app.door.api_keys import key_name
 from app.door.request_id import echo_id_of, request_id_of
 from app.door.visit import Visit
 from app.errors import (

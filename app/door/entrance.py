@@ -34,9 +34,9 @@ from app.proxy.direct import direct_body
 from app.proxy.downstream import Receive, Send
 from app.proxy.job import Job
 from app.proxy.request import ParsedRequest
-from app.routing.keys import SESSION_HEADER, routing_key
 from app.routing.policies import RoutingContext
 from app.routing.prefix import prefix_blocks
+from app.routing.routing_key import SESSION_HEADER, routing_key
 
 log = logging.getLogger(__name__)
 

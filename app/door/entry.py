@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.door.keys import KeyTexts, openai_key_texts
+from app.door.api_keys import KeyTexts, openai_key_texts
 from app.gateway import Gateway
 from app.proxy.request import ParsedRequest
 from app.proxy.surface import Surface
@@ -51,8 +51,8 @@ class Entry:
     # Instead of ``parse``, for a surface that reads state to build the body (a stored
     # conversation): awaited with the caller's key name.
     load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]] | None = None
-    # The 401's messages when the key is missing or wrong (``app.door.keys``), in the API's words
-    # for the header the key came in.
+    # The 401's messages when the key is missing or wrong (``app.door.api_keys``), in the API's
+    # words for the header the key came in.
     key_texts: KeyTexts = openai_key_texts
     # Added to an unknown model's 404: where the API's clients set the model, if it is known.
     model_hint: str = ""

@@ -18,7 +18,7 @@ from app.openai.schema import (
 )
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
-from app.routing.keys import SESSION_HEADER
+from app.routing.routing_key import SESSION_HEADER
 from app.tenants.headers import openai_headers
 from app.tenants.tenant import PRIORITY_HEADER
 
