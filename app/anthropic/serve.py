@@ -26,7 +26,7 @@ from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
 from app.door.api_keys import anthropic_key_texts
 from app.door.checks import check_model
-from app.door.entry import Entry
+from app.door.entry import ParsingEntry
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.media_policy import image_policy
@@ -135,16 +135,15 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     )
 
 
-def _entry(path: str, surface: MessagesSurface, name: str) -> Entry:
-    parse = functools.partial(_parse, path=path)
-    return Entry(
+def _entry(path: str, surface: MessagesSurface, name: str) -> ParsingEntry:
+    return ParsingEntry(
         path,
         _READ,
         api_key,
-        parse,
-        surface,
         anthropic_headers,
         operation(name),
+        parse=functools.partial(_parse, path=path),
+        surface=surface,
         key_texts=anthropic_key_texts,
         model_hint=MODEL_HINT,
     )
