@@ -119,15 +119,15 @@ class Door:
         started = proxy.now()
         request_id = request_id_of(scope)
         tracer = self._tracer
-        trace = None
-        if tracer is not None:
-            trace = tracer.begin(scope["headers"], entry.route, request_id, started)
         # What a refusal names, as far as the request got.
+        trace: RequestTrace | None = None
         key: str | None = None
         visit: Visit | None = None
         request: ParsedRequest | None = None
         raw = b""
         try:
+            if tracer is not None:
+                trace = tracer.begin(scope["headers"], entry.route, request_id, started)
             read, forwarded = client_headers(scope["headers"], entry.read, self._forward)
             if self._keyed:
                 key = key_name(entry.credential(read), gw, entry.key_texts(read))
