@@ -146,8 +146,9 @@ class Session:
         keys = cache.keys(self.req.prompt)
         self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
         self._hold(held)
-        self.prefill_s = w.timing.prefill_s(self.prompt_tokens - self.cached_tokens)
-        await asyncio.sleep(self.prefill_s)
+        uncached = self.prompt_tokens - self.cached_tokens
+        self.prefill_s = w.timing.prefill_s(uncached)  # its own cost, without the queue
+        await w.prefill.prefill(uncached)
         if self.active.aborted:
             return
         # The prompt's pages enter the cache once its prefill is done (SGLang's
