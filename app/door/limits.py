@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 from app.door.visit import Visit
 from app.errors import RateLimited
 from app.gateway import Gateway
-from app.limits import Budget
+from app.limits.per_key import Budget
 
 log = logging.getLogger(__name__)
 
