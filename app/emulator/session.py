@@ -22,7 +22,7 @@ from app.emulator.generation import Generation, Step
 from app.emulator.genrequest import GenRequest
 from app.emulator.prefill_role import PrefillSide
 from app.emulator.profiles import PROFILE_NAMES, classify
-from app.emulator.worker import Worker
+from app.emulator.worker import EmulatedWorker
 
 
 def request_rng(req: GenRequest, fallback: random.Random) -> random.Random:
@@ -44,7 +44,7 @@ def pick_profile(header: str | None, configured: str, req: GenRequest) -> str:
 class Session:
     def __init__(
         self,
-        worker: Worker,
+        worker: EmulatedWorker,
         req: GenRequest,
         profile_header: str | None = None,
         request_id: str | None = None,

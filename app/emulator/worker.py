@@ -1,4 +1,5 @@
-"""``EmulatorConfig`` and ``Worker``: everything one emulated SGLang DFLASH worker holds.
+"""``EmulatorConfig`` and ``EmulatedWorker``: everything one emulated SGLang DFLASH worker
+holds.
 
 Built once by ``create_emulator_app`` and passed explicitly to every handler; nothing lives at
 module level. The clock and the root random source are injected here.
@@ -104,7 +105,7 @@ class EmulatorConfig:
         return self.engine == "vllm"
 
 
-class Worker:
+class EmulatedWorker:
     """The emulated worker's state, shared by its handlers."""
 
     def __init__(
