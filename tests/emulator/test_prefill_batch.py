@@ -101,3 +101,42 @@ def test_long_prompts_sent_together_are_prefilled_one_after_another(
     # answer came after all four prefills, not after the longest one.
     assert elapsed >= 0.95 * sum(own)
     assert sum(own) > 2.5 * max(own)
+
+
+def test_a_prompt_is_matched_against_the_cache_when_its_batch_is_formed(
+    procs: ProcessManager,
+) -> None:
+    """Sessions that arrive together behind the one carrying their shared system prompt find it
+    cached: SGLang matches a waiting request as it takes it into a batch, not on arrival."""
+    emu = procs.start(
+        [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "4", "--seed", "6"],
+        name="emu-shared",
+    )
+    system = "You are a coding agent. " + " ".join(f"rule{i}" for i in range(8000))
+
+    def body(i: int) -> dict[str, object]:
+        return {
+            "model": "moonshotai/Kimi-K2.5",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"task {i}: " + "edit the module " * 50},
+            ],
+            "max_tokens": 1,
+            "rid": f"shared-{i}",
+        }
+
+    async def together() -> None:
+        async with httpx.AsyncClient(base_url=emu.url, timeout=60) as client:
+            answers = await asyncio.gather(
+                *(client.post("/v1/chat/completions", json=body(i)) for i in range(3))
+            )
+            assert all(a.status_code == 200 for a in answers)
+
+    asyncio.run(together())
+    with httpx.Client(base_url=emu.url, timeout=10) as client:
+        cached = sorted(record(client, f"shared-{i}")["cached_tokens"] for i in range(3))
+    # The first prefill of the shared prompt is a miss; the two behind it waited for that pass
+    # and found the system prompt cached (each prompt is over half the pass budget, so each
+    # went in a pass of its own).
+    assert cached[0] == 0
+    assert cached[1] > 10_000 and cached[2] > 10_000
