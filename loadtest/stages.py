@@ -48,7 +48,7 @@ STAGES = [
     ),
     (
         "supervision and attempt bookkeeping",
-        r"^(Supervisor\.|Attempt\.|Scope\.|AttemptGuard|Breaker|Worker\.|Tally)",
+        r"^(Supervisor\.|Attempt\.|CancelScope\.|AttemptGuard|Breaker|Worker\.|Tally)",
     ),
     (
         "HTTP server: uvicorn's protocol and ASGI cycle, the connection guard",

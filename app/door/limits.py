@@ -10,7 +10,7 @@ from typing import Any
 from app.door.visit import Visit
 from app.errors import RateLimited
 from app.gateway import Gateway
-from app.limits import Budget
+from app.limits.per_key import Budget
 from app.proxy.job import Job
 
 log = logging.getLogger(__name__)

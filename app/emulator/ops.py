@@ -165,7 +165,7 @@ async def loads(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Se
         "dp_rank": 0,
         "num_running_reqs": s.running,
         "num_waiting_reqs": s.waiting,
-        "num_waiting_uncached_tokens": 0,
+        "num_waiting_uncached_tokens": worker.prefill.waiting_tokens,
         "num_used_tokens": used,
         "num_total_tokens": used,
         "num_active_tokens": used,

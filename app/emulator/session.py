@@ -144,10 +144,18 @@ class Session:
             return  # a decode server's KV came from the prefill server
         cache = w.cache
         keys = cache.keys(self.req.prompt)
-        self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
-        self._hold(held)
-        self.prefill_s = w.timing.prefill_s(self.prompt_tokens - self.cached_tokens)
-        await asyncio.sleep(self.prefill_s)
+        held: list[bytes] = []
+
+        def start() -> int:  # its batch is formed: what the cache holds of it now
+            nonlocal held
+            self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
+            self._hold(held)
+            uncached = self.prompt_tokens - self.cached_tokens
+            self.prefill_s = w.timing.prefill_s(uncached)  # its own cost, without the queue
+            return uncached
+
+        waiting = self.prompt_tokens - cache.peek(keys, self.prompt_tokens)
+        await w.prefill.prefill(waiting, start)
         if self.active.aborted:
             return
         # The prompt's pages enter the cache once its prefill is done (SGLang's

@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.limits.config import LimitsConfig
 from app.media_policy import image_policy
 from app.model_names import resolve
 from app.proxy.bounds import choices, patch_max_tokens

@@ -27,7 +27,7 @@ from app.openai.schema import completion_responses
 from app.openai.serve import READ
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
-from app.response_store import ResponseStore, fetch
+from app.response_store.backends import ResponseStore, fetch
 from app.responses.references import has_references, request_items, resolve
 from app.responses.request import load, translate
 from app.responses.response import Context, assistant_turn, to_response

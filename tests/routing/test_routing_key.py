@@ -4,7 +4,7 @@ from typing import Any
 
 import orjson
 
-from app.config import LimitsConfig
+from app.limits.config import LimitsConfig
 from app.proxy.request import Route, parse_request
 from app.routing.routing_key import routing_key
 
