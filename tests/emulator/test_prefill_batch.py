@@ -14,6 +14,8 @@ from app.emulator.prefill_batch import PrefillBatcher
 from tests.emulator.support import record
 from tests.support.procs import PYTHON, ProcessManager
 
+EMULATE = [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "4"]
+
 
 class _Passes:
     """The forward passes a batcher ran: each one's modelled seconds, in order."""
@@ -146,8 +148,7 @@ def test_prompts_still_waiting_hold_no_kv_and_evict_nothing(procs: ProcessManage
     """A 40k-token pool holds a cached 12k-token prefix and what runs; five 4k-token prompts
     queued at once hold no KV until their batch runs, so they do not push the prefix out."""
     emu = procs.start(
-        [PYTHON, "-m", "app", "emulate", "--port", "{port}", "--speed", "4", "--seed", "7"]
-        + ["--max-total-tokens", "40000"],
+        [*EMULATE, "--seed", "7", "--max-total-tokens", "40000"],
         name="emu-waiting",
     )
     prefix = "Shared context. " + " ".join(f"fact{i}" for i in range(7000))
