@@ -30,9 +30,9 @@ STAGES = [
     (
         "request checks: headers, key, tenant, body, validation, upstream body",
         r"^(parse_request|_openai\.|read_body|client_headers|check_media_type|check_model|"
-        r"routing_key|request_id_of|key_name|Tenants\.|admit|release|_decode|_check_|_head|"
-        r"ParsedRequest\.|bearer|RoutingContext|Job\.|Visit\.|Door\._job|KeyLimits\.|_release$|"
-        r"(RequestId|Trace|Headers|Key|Tenancy|MediaType|Body|Parse|Accepting|Model)\.check$)",
+        r"routing_key|request_id_of|echo_id_of|key_name|Tenants\.|admit|release|_decode|_check_|"
+        r"_head|ParsedRequest\.|bearer|RoutingContext|Job\.|Visit\.|Door\._job|KeyLimits\.|"
+        r"_release$|(MediaType|Accepting|Model)\.check$)",
     ),
     (
         "admission and routing",
@@ -48,7 +48,7 @@ STAGES = [
     ),
     (
         "supervision and attempt bookkeeping",
-        r"^(Supervisor\.|Attempt\.|Scope\.|AttemptGuard|Breaker|Worker\.|Tally)",
+        r"^(Supervisor\.|Attempt\.|CancelScope\.|AttemptGuard|Breaker|Worker\.|Tally)",
     ),
     (
         "HTTP server: uvicorn's protocol and ASGI cycle, the connection guard",

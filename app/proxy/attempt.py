@@ -11,7 +11,7 @@ Whatever ends it from outside goes through the object: the request's ``Superviso
 its worker, then whatever it awaits, the worker's response or the client's write, stops there
 and the block raises ``UpstreamTimeout``, handled like any failed attempt), and
 ``abort(reason)`` when the whole request ends (the client left, the total deadline), just before
-it ends the request's own ``Scope``. On the way out the attempt settles once: its outcome,
+it ends the request's own ``CancelScope``. On the way out the attempt settles once: its outcome,
 exactly one verdict for the worker's circuit breaker (``Worker.attempt_guard``), an abort on the
 worker unless the request finished there or provably never ran there (at most one per attempt),
 the response closed. Once the request was handed to its connection (``sent``) the abort goes out
@@ -39,7 +39,7 @@ from app.errors import (
     UpstreamTimeout,
 )
 from app.outcomes import Outcome
-from app.proxy.scope import Ended, Scope
+from app.proxy.cancel import CancelScope, Ended
 from app.upstream.client import UpstreamResponse
 from app.upstream.usage import Usage
 from app.workers.worker import Verdict, Worker
@@ -59,7 +59,7 @@ class Watch(Protocol):
     clock: Callable[[], float]
     first_byte_s: float
     idle_s: float
-    task: asyncio.Task[Any]  # the request's (the attempt's ``Scope`` runs in it)
+    task: asyncio.Task[Any]  # the request's (the attempt's ``CancelScope`` runs in it)
 
     def begin(self, attempt: Attempt) -> None: ...
 
@@ -87,9 +87,9 @@ class Attempt:
     __slots__ = (
         "_abort",
         "_aborted",
+        "_cancel_scope",
         "_guard",
         "_instead",
-        "_scope",
         "_spawn",
         "_verdict",
         "clock",
@@ -126,7 +126,7 @@ class Attempt:
         self._abort = abort  # the abort call on a worker (POST /abort_request)
         self._spawn = spawn  # runs an abort in the background
         self._aborted = False
-        self._scope = Scope()
+        self._cancel_scope = CancelScope()
         self._guard: AbstractContextManager[Verdict] | None = None
         self._verdict: Verdict | None = None
         self.started = self.last_rx = self.clock()
@@ -178,7 +178,7 @@ class Attempt:
         """Abort the attempt on its worker (once), recording why. The attempt itself runs on:
         the caller ends it, or the whole request, next. Before the request was written nothing
         is sent: ended first, it is never written (see the module doc)."""
-        if self.reason is not None or not self._scope.running:
+        if self.reason is not None or not self._cancel_scope.running:
             return
         self.reason = reason
         if not self._aborted and self.written:
@@ -196,13 +196,13 @@ class Attempt:
                 await self.fail(instead)
                 return
         await self.abort(reason)
-        self._scope.end(reason)
+        self._cancel_scope.end(reason)
 
     async def fail(self, error: UpstreamError) -> None:
         """End it for a failure that is not its worker's (its prefill partner's, with PD
         disaggregation): aborted on its worker and stopped like ``end``, it raises ``error``
         and gives its worker's breaker no verdict."""
-        if self.reason is not None or not self._scope.running:
+        if self.reason is not None or not self._cancel_scope.running:
             return
         self._instead = error
         await self.end(Outcome.CANCELLED)
@@ -211,7 +211,7 @@ class Attempt:
         guard = self._guard = self.worker.attempt_guard(self.source)
         self._verdict = guard.__enter__()
         self.sup.begin(self)
-        self._scope.enter(self.sup.task)
+        self._cancel_scope.enter(self.sup.task)
         return self
 
     async def __aexit__(
@@ -222,7 +222,7 @@ class Attempt:
     ) -> None:
         error = exc
         try:
-            self._scope.exit(exc_type)
+            self._cancel_scope.exit(exc_type)
         except Ended:
             error = self._instead or UpstreamTimeout(
                 f"worker {self.worker.name} went silent for too long"

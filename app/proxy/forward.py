@@ -16,7 +16,7 @@ The loop knows four parts and nothing of their insides:
 - a broken stream going on: the ``Continuation``;
 - the request's record: the ``Recorder`` (``app.proxy.record``), its only writer.
 
-The whole request runs in the supervisor's ``scope``, its error answer included: the total
+The whole request runs in the supervisor's ``cancel_scope``, its error answer included: the total
 deadline, the client leaving or a client that reads nothing for ``timeouts.idle_s`` ends it
 there (``Ended``), after the running attempt was aborted on its worker. A request ended while its
 client is behind never waits for it: the gateway hangs up on it instead of sending the error.
@@ -44,6 +44,7 @@ from app.metrics import Metrics
 from app.outcomes import Outcome
 from app.proxy.aborts import Aborts
 from app.proxy.attempt import Attempt
+from app.proxy.cancel import Ended
 from app.proxy.continuation import Continuation
 from app.proxy.direct import DirectBody
 from app.proxy.dispatch import Body, Dispatch, Target
@@ -53,7 +54,6 @@ from app.proxy.downstream import Downstream, Receive, Send
 from app.proxy.job import Job
 from app.proxy.record import Recorder
 from app.proxy.relay import checkable, relay_stream, relay_whole
-from app.proxy.scope import Ended
 from app.proxy.supervisor import Supervisor
 from app.routing.policies import Learns, Policy
 from app.upstream.client import UpstreamClient
@@ -165,17 +165,17 @@ class Proxy:
         )
         self._loop = sup.task.get_loop()  # the next request's, most likely
         sup.start()
-        scope = sup.scope  # ended by the total deadline, the client leaving or stalling
+        cancel = sup.cancel_scope  # ended by the total deadline, the client leaving or stalling
         try:
-            scope.enter(sup.task)  # ``async with scope``, less its two coroutines
+            cancel.enter(sup.task)  # ``async with cancel``, less its two coroutines
             try:
                 failed = await self._forward(job, down, sup)
                 if failed is not None:
                     await self._fail(job, down, *failed)
             except BaseException as exc:
-                scope.exit(type(exc))  # raises ``Ended`` if the scope was ended
+                cancel.exit(type(exc))  # raises ``Ended`` if the request was ended
                 raise
-            scope.exit(None)
+            cancel.exit(None)
         except Ended as ended:
             await self._ended(job, down, ended.reason)
         except asyncio.CancelledError:

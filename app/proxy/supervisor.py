@@ -6,7 +6,7 @@ own), so the relay itself carries no per-chunk timers: it notices the client goi
 enforces the first-byte / idle / total deadlines. It ends things through the objects that own
 them: a first-byte or idle deadline ends the running ``Attempt`` (aborted on its worker, then
 stopped: it fails like any attempt); the total deadline or the client leaving aborts the running
-attempt on its worker and then ends the request's ``scope`` (``app.proxy.scope.Scope``), which
+attempt on its worker and then ends the request's ``CancelScope`` (``app.proxy.cancel``), which
 raises ``Ended`` with the reason where the proxy runs it. Once the request was written the worker
 hears "abort" before its connection drops.
 
@@ -31,9 +31,9 @@ from typing import Any
 
 from app.outcomes import Outcome
 from app.proxy.attempt import Attempt
+from app.proxy.cancel import CancelScope
 from app.proxy.config import TimeoutConfig
 from app.proxy.downstream import Clock, Downstream, Message, Receive
-from app.proxy.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +65,14 @@ class Supervisor:
         self.idle_s = timeouts.idle_s
         now = clock()
         self._total_deadline = now + timeouts.total_s if timeouts.total_s else None
-        self.scope = Scope()  # the request's work: ended on the total deadline or a disconnect
+        # The request's work: ended on the total deadline or a disconnect.
+        self.cancel_scope = CancelScope()
         self.attempt: Attempt | None = None  # the upstream attempt running now, if any
         self._last_rx = now  # the last upstream chunk of the attempts that ended
         self.closed = False
         self.disconnected = False
-        # The request's task (a ``Scope`` needs it) and its loop. ``loop``, when the caller knows
-        # it, spares the running loop's look-up: a getpid() system call on Python < 3.12.
+        # The request's task (a ``CancelScope`` needs it) and its loop. ``loop``, when the caller
+        # knows it, spares the running loop's look-up: a getpid() system call on Python < 3.12.
         task = asyncio.current_task(loop) if loop is not None else None
         if task is None:
             task = asyncio.current_task()
@@ -181,7 +182,7 @@ class Supervisor:
             self.closed
             or self.disconnected
             or self._action is not None
-            or self.scope.reason is not None
+            or self.cancel_scope.reason is not None
         ):
             return
         wake = self._wake_at = self._next_wake()
@@ -263,13 +264,13 @@ class Supervisor:
         attempt = self.attempt
         if attempt is not None and not self.closed:
             await attempt.abort(Outcome.CANCELLED)
-        self.scope.end(Outcome.CLIENT_DISCONNECT)
+        self.cancel_scope.end(Outcome.CLIENT_DISCONNECT)
 
     async def _too_slow(self) -> None:
         attempt = self.attempt
         if attempt is not None and not self.closed:
             await attempt.abort(Outcome.CANCELLED)
-        self.scope.end(Outcome.CLIENT_TOO_SLOW)
+        self.cancel_scope.end(Outcome.CLIENT_TOO_SLOW)
 
     async def _timeout(self) -> None:
         attempt = self.attempt
@@ -280,7 +281,7 @@ class Supervisor:
                 # (or waits for a client that is behind) is not at fault; one that never
                 # answered in all that time is.
                 await attempt.abort(Outcome.CANCELLED if attempt.receiving else Outcome.TIMEOUT)
-            self.scope.end(Outcome.UPSTREAM_TIMEOUT)
+            self.cancel_scope.end(Outcome.UPSTREAM_TIMEOUT)
             return
         if attempt is not None:
             await attempt.end(Outcome.TIMEOUT)

@@ -1,4 +1,4 @@
-"""Upstream attempts end through the Attempt and the request's Scope: the proxy against raw
+"""Upstream attempts end through the Attempt and the request's CancelScope: the proxy against raw
 asyncio workers on loopback, through the real HTTP/1.1 client, with a clock the test moves.
 
 Deadlines are read on the test's clock, so a deadline passes only when the test moves it on (the

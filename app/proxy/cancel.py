@@ -1,4 +1,4 @@
-"""Scope: a block of a request's work that something outside it ends (a deadline, the client
+"""CancelScope: a block of a request's work that something outside it ends (a deadline, the client
 leaving), raising ``Ended`` with the reason where the block ends. A general cancellation primitive:
 the request's ``Supervisor`` owns one per request, an ``Attempt`` one per try.
 """
@@ -13,14 +13,14 @@ from app.outcomes import Outcome
 
 
 class Ended(Exception):
-    """A ``Scope`` was ended from outside; raised where the block ends, with the reason."""
+    """A ``CancelScope`` was ended from outside; raised where the block ends, with the reason."""
 
     def __init__(self, reason: Outcome) -> None:
         super().__init__(reason.value)
         self.reason = reason
 
 
-class Scope:
+class CancelScope:
     """A block of a request's work that a deadline or the client leaving ends from outside, at
     whatever the block awaits: ``end(reason)`` makes the block raise ``Ended(reason)`` where it
     ends. A cancellation from anywhere else (the server shutting down) passes through unchanged.
@@ -45,9 +45,9 @@ class Scope:
     def running(self) -> bool:
         return self._task is not None
 
-    async def __aenter__(self) -> Scope:
+    async def __aenter__(self) -> CancelScope:
         task = asyncio.current_task()
-        assert task is not None, "a Scope runs inside a task"
+        assert task is not None, "a CancelScope runs inside a task"
         self.enter(task)
         return self
 
@@ -62,7 +62,7 @@ class Scope:
     def enter(self, task: asyncio.Task[Any]) -> None:
         """``async with`` without its two coroutines, for a caller that knows its task (the
         one running the block): ``enter(task)``, then ``exit(exc_type)`` when the block ends."""
-        assert self.reason is None and not self._cancelled, "a Scope is entered once"
+        assert self.reason is None and not self._cancelled, "a CancelScope is entered once"
         self._task, self._cancelling = task, task.cancelling()
 
     def exit(self, exc_type: type[BaseException] | None) -> None:
