@@ -138,16 +138,18 @@ class Session:
         w.metrics.on_queued(w.clock.monotonic() - self.active.started_mono)
         if not self._holding_slot:
             return
-        w.running_tokens += self.prompt_tokens
-        self._counted_tokens = self.prompt_tokens
-        if not prefill:
-            return  # a decode server's KV came from the prefill server
+        if not prefill:  # a decode server's KV came from the prefill server
+            w.running_tokens += self.prompt_tokens
+            self._counted_tokens = self.prompt_tokens
+            return
         cache = w.cache
         keys = cache.keys(self.req.prompt)
         held: list[bytes] = []
 
-        def start() -> int:  # its batch is formed: what the cache holds of it now
+        def start() -> int:  # its batch is formed: its KV is allocated, the cache matched now
             nonlocal held
+            w.running_tokens += self.prompt_tokens
+            self._counted_tokens = self.prompt_tokens
             self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
             self._hold(held)
             uncached = self.prompt_tokens - self.cached_tokens
