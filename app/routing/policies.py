@@ -40,9 +40,12 @@ class Policy(Protocol):
 
 @runtime_checkable
 class Learns(Protocol):
-    """A policy that learns from each answer (cache_aware: the worker's ``cached_tokens``)."""
+    """A policy that learns from each answer (cache_aware: the worker's ``cached_tokens``) and
+    hears when each request it routed is over."""
 
     def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None: ...
+
+    def released(self, ctx: RoutingContext) -> None: ...
 
 
 def _busy(worker: Worker) -> int:
