@@ -159,6 +159,9 @@ class Door:
         job: Job | None = None
         try:
             job = self._job(visit, request)
+            learns = proxy.learns
+            if learns is not None and (reading := learns.recall(job.ctx)) is not None:
+                await reading  # where the replicas last sent this session (cache_aware)
             await proxy.run(job, receive, send, direct_body(scope))
         finally:
             if visit.leases is not None:

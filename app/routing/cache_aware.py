@@ -28,11 +28,12 @@ is hashed before it, when the request is parsed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from app.routing.cache_index import PrefixIndex
 from app.routing.policies import _MASK64, _MIX, RoutingContext, _hash64
 from app.routing.prefix import PrefixBlocks
+from app.routing.shared_homes import SessionHomes
 from app.upstream.usage import Usage
 from app.workers.worker import Worker
 
@@ -53,6 +54,7 @@ class CacheAware:
         long_prompt: int = 2048,
         stay: float = 1.0,
         index: PrefixIndex | None = None,
+        homes: SessionHomes | None = None,
         on_decision: Callable[[str], None] | None = None,
     ) -> None:
         if load_factor < 1.0:
@@ -64,6 +66,7 @@ class CacheAware:
         self._balance = balance
         self._min_bound = min_bound
         self.index = index or PrefixIndex()
+        self.homes = homes  # shared by the replicas (Redis), when configured
         self._name_hashes: dict[str, int] = {}
         self._on_decision = on_decision
         # Per worker: the prompt tokens it has still to prefill for this gateway's requests in
@@ -93,7 +96,28 @@ class CacheAware:
                 blocks, held
             )
             index.record(worker.name, blocks)
+            key, homes, name = ctx.routing_key, self.homes, worker.name
+            if homes and key and name != blocks.home and self.long_prompt(blocks):
+                homes.remember(key, name)  # the session moved: tell the other replicas
+                blocks.home = name
         return worker
+
+    def recall(self, ctx: RoutingContext) -> Awaitable[None] | None:
+        """With the replicas' shared store: read where a keyed long prompt's session was last
+        sent (before ``pick``; nothing to await otherwise)."""
+        blocks, key, homes = ctx.prefix, ctx.routing_key, self.homes
+        if homes is None or blocks is None or key is None or not self.long_prompt(blocks):
+            return None
+        return self._recall(homes, key, blocks)
+
+    @staticmethod
+    async def _recall(homes: SessionHomes, key: str, blocks: PrefixBlocks) -> None:
+        blocks.home = await homes.lookup(key)
+
+    def long_prompt(self, blocks: PrefixBlocks) -> bool:
+        """A prompt routed by its prefill (``_by_prefill``): long past its shared lead."""
+        index = self.index
+        return index.tokens(blocks.size) - index.tokens(blocks.lead) >= self._long
 
     def _uncached(self, blocks: PrefixBlocks, held: int) -> int:
         return max(0, self.index.tokens(blocks.size) - held)
@@ -210,7 +234,7 @@ class CacheAware:
         # this session sent. A shared system prompt is soon held by every worker that served
         # anyone; counting it would draw every new session to the first one that did.
         lead = index.tokens(blocks.lead)
-        if prompt - lead >= self._long:
+        if self.long_prompt(blocks):
             return self._by_prefill(ctx, blocks, workers, (home, reason), top, past, held)
         home_held = max(lead, held[workers.index(home)])
         need = home_held + self._min_gain * (prompt - lead)
@@ -251,14 +275,15 @@ class CacheAware:
         prompt = index.tokens(blocks.size)
         lead = index.tokens(blocks.lead)
         known = max(held) > lead
-        prior = -1
-        history = 0
-        if not known and ctx.routing_key is not None:
-            # The prior every replica shares: a session with history lives on its key's first
-            # worker (where every replica sends it while it is not far busier). Another replica
-            # may have sent it the history this one never saw.
-            history = index.tokens(blocks.last) - lead
-            prior = workers.index(top) if history > 0 else -1
+        # Where the session's history is believed to be beyond this replica's own index: the
+        # worker the replicas' shared store names (the latest any replica sent it to), else,
+        # when this replica never saw the session, its key's first worker (where every replica
+        # sends it while that worker is not far busier).
+        history = index.tokens(blocks.last) - lead
+        named = blocks.home
+        prior = next((i for i, w in enumerate(workers) if w.name == named), -1) if named else -1
+        if prior < 0 and not known and ctx.routing_key is not None and history > 0:
+            prior = workers.index(top)
         pending = self._pending
         costs: list[float] = []
         queues: list[int] = []

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -46,6 +46,11 @@ class Learns(Protocol):
     def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None: ...
 
     def released(self, ctx: RoutingContext) -> None: ...
+
+    def recall(self, ctx: RoutingContext) -> Awaitable[None] | None:
+        """What must be read before this request is picked (cache_aware: its session's home in
+        the replicas' shared store), or None when nothing is."""
+        ...
 
 
 def _busy(worker: Worker) -> int:
