@@ -27,14 +27,8 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from app import __version__
-from app.config import (
-    POLICY_NAMES,
-    ConfigError,
-    DecodePolicyName,
-    PrefillPolicyName,
-    Settings,
-    load_settings,
-)
+from app.config import POLICY_NAMES, ConfigError, Settings, load_settings
+from app.workers.config import DecodePolicyName, PrefillPolicyName
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 COMMANDS_GROUP = "dflash_gateway.commands"

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.accesslog import AccessLog
-from app.auth import KeyStore
+from app.auth.keystore import KeyStore
 from app.config import Settings
-from app.limits import Limiter
+from app.limits.per_key import Limiter
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
 from app.proxy.headers import FORWARDED
@@ -18,7 +18,7 @@ from app.workers.admission import Admission
 from app.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
-    from app.response_store import ResponseStore
+    from app.response_store.backends import ResponseStore
     from app.tracing.otel import Tracing
 
 

@@ -25,17 +25,17 @@ from app.api.access import AccessMiddleware
 from app.api.asgi import ASGI, GatewayApp
 from app.api.errors import install_handlers
 from app.api.schema import openapi_document
-from app.auth import KeyStore
+from app.auth.keystore import KeyStore
 from app.background import DEFAULT_BACKOFF, Backoff, supervise
 from app.config import Settings
-from app.door.entrance import Checks, Door, checks
+from app.door.entrance import BuildChecks, Door, checks
 from app.door.request_id import RequestIdMiddleware
 from app.gateway import Gateway
-from app.limits import make_limiter
+from app.limits.per_key import make_limiter
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
-from app.response_store import make_store
+from app.response_store.backends import make_store
 from app.routing.cache_aware import CacheAware
 from app.routing.policies import make_policy
 from app.surfaces import BY_PATH, ROUTES, SURFACES
@@ -67,12 +67,12 @@ def create_app(
     rng: random.Random | None = None,
     span_exporter: SpanExporter | None = None,
     backoff: Backoff = DEFAULT_BACKOFF,
-    door_checks: Checks = checks,
+    door_checks: BuildChecks = checks,
 ) -> GatewayApp:
     """Build the gateway. ``clock`` and ``rng`` are the time and randomness sources (rids, backoff
     jitter, random policies); ``span_exporter`` takes the spans instead of the configured
     exporter when tracing is on; ``backoff``: the waits before a crashed background task is
-    restarted (``app.background``); ``door_checks``: the door's list of checks
+    restarted (``app.background``); ``door_checks``: the door's checks
     (``app.door.entrance.checks``) for this gateway."""
     rng = rng or random.Random()
     access = AccessLog()

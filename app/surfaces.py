@@ -55,7 +55,7 @@ if len(BY_PATH) != len(SURFACES):
     raise RuntimeError("two surfaces declare the same path")
 # The API POST routes: the bounded ``route`` label values of the requests they answer.
 ROUTES: tuple[str, ...] = tuple(BY_PATH)
-_SHAPES = {entry.route.encode("ascii"): entry.surface.shape for entry in SURFACES}
+_SHAPES = {entry.route.encode("ascii"): entry.shape for entry in SURFACES}
 
 
 def shape_of(target: bytes) -> ErrorShape:

@@ -30,9 +30,9 @@ STAGES = [
     (
         "request checks: headers, key, tenant, body, validation, upstream body",
         r"^(parse_request|_openai\.|read_body|client_headers|check_media_type|check_model|"
-        r"routing_key|request_id_of|key_name|Tenants\.|admit|release|_decode|_check_|_head|"
-        r"ParsedRequest\.|bearer|RoutingContext|Job\.|Visit\.|Door\._job|KeyLimits\.|_release$|"
-        r"(RequestId|Trace|Headers|Key|Tenancy|MediaType|Body|Parse|Accepting|Model)\.check$)",
+        r"routing_key|request_id_of|echo_id_of|key_name|Tenants\.|admit|release|_decode|_check_|"
+        r"_head|ParsedRequest\.|bearer|RoutingContext|Job\.|Visit\.|Door\._job|KeyLimits\.|"
+        r"_release$|(MediaType|Accepting|Model)\.check$)",
     ),
     (
         "admission and routing",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import ResponsesConfig
-from app.response_store import MemoryStore, make_store
+from app.response_store.backends import MemoryStore, make_store
+from app.response_store.config import ResponsesConfig
 
 
 class Clock:

@@ -24,16 +24,16 @@ from app.anthropic.request import COUNTED, load, translate
 from app.anthropic.response import to_message
 from app.anthropic.shape import ANTHROPIC
 from app.anthropic.stream import MessagesStream
+from app.door.api_keys import anthropic_key_texts
 from app.door.checks import check_model
-from app.door.entry import Entry
-from app.door.keys import anthropic_key_texts
+from app.door.entry import ParsingEntry
 from app.errors import UpstreamBadResponse
 from app.gateway import Gateway
 from app.media_policy import image_policy
 from app.model_names import resolve
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import ErrorShape, TranslatedSurface
-from app.routing.keys import SESSION_HEADER
+from app.routing.routing_key import SESSION_HEADER
 from app.tenants.headers import anthropic_headers
 from app.tenants.tenant import PRIORITY_HEADER
 
@@ -135,16 +135,15 @@ def _parse(gw: Gateway, raw: bytes, *, path: str) -> ParsedRequest:
     )
 
 
-def _entry(path: str, surface: MessagesSurface, name: str) -> Entry:
-    parse = functools.partial(_parse, path=path)
-    return Entry(
+def _entry(path: str, surface: MessagesSurface, name: str) -> ParsingEntry:
+    return ParsingEntry(
         path,
         _READ,
         api_key,
-        parse,
-        surface,
         anthropic_headers,
         operation(name),
+        parse=functools.partial(_parse, path=path),
+        surface=surface,
         key_texts=anthropic_key_texts,
         model_hint=MODEL_HINT,
     )

@@ -3,7 +3,7 @@ and the reachability probes coding agents send before their first request (``HEA
 ``HEAD /api/hello``: Claude Code's), answered 200 with no body.
 
 Probes never need an API key; ``/metrics`` and ``/workers`` do when API keys are configured, unless
-``auth.protect_ops`` is false (``app.door.keys.ops_key_of``).
+``auth.protect_ops`` is false (``app.door.api_keys.ops_key_of``).
 """
 
 from __future__ import annotations

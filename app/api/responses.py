@@ -16,7 +16,7 @@ from app.api.deps import GatewayDep
 from app.api.security import ClientKey
 from app.errors import NotFound
 from app.openai.schema import error_responses
-from app.response_store import fetch
+from app.response_store.backends import fetch
 
 router = APIRouter()
 

@@ -1,4 +1,4 @@
-"""The key checks FastAPI's routes depend on (``app.door.keys`` does the checking).
+"""The key checks FastAPI's routes depend on (``app.door.api_keys`` does the checking).
 
 ``ClientKey`` is the caller's key name as a dependency (``/v1/models``, the stored responses; the
 completion routes are checked by the door). ``OpsKey`` guards ``/metrics`` and ``/workers``:
@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.door.keys import authorization, key_name, ops_key_of
+from app.door.api_keys import authorization, key_name, ops_key_of
 from app.gateway import Gateway
 from app.proxy.headers import single
 

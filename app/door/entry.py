@@ -1,23 +1,30 @@
 """What a surface declares for each of its POST routes: an ``Entry`` (a row of the surface
 registry, ``app.surfaces``) and its ``Operation`` (how ``/openapi.json`` declares it).
 
+An entry is one of two kinds, by how its body becomes the ``ParsedRequest`` the proxy runs:
+
+- ``ParsingEntry``: parsed as it came (``parse``, synchronous: chat, completions, Messages);
+- ``LoadingEntry``: loaded (``load``, awaited with the caller's key name): the body names state
+  the gateway keeps (a stored conversation, the Responses API's ``previous_response_id``), and
+  each request runs with a surface of its own.
+
 A surface package (``app.openai``, ``app.anthropic``, ``app.responses``) builds its entries from
-these and exports them as ``ENTRIES``; the door (``app.door.entrance``) serves any entry through
-the same list of checks, so nothing here knows which surfaces exist.
+these and exports them as ``ENTRIES``; the door (``app.door.entrance``) serves either kind through
+the same checks, so nothing here knows which surfaces exist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, TypeAlias
 
 from pydantic import BaseModel
 
-from app.door.keys import KeyTexts, openai_key_texts
+from app.door.api_keys import KeyTexts, openai_key_texts
 from app.gateway import Gateway
 from app.proxy.request import ParsedRequest
-from app.proxy.surface import Surface
+from app.proxy.surface import ErrorShape, Surface
 from app.tenants.headers import HeaderStyle
 
 
@@ -34,28 +41,51 @@ class Operation:
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
-    """One POST route of an API surface, as the door serves it: its path (also its ``route``
-    label in metrics and the access log), the headers read, where the API key is, how the body
-    becomes a ``ParsedRequest`` (translated, with ``surface`` as its surface), the surface
-    (stream observer, whole answer, error shape), the rate-limit headers' names and its OpenAPI
-    declaration."""
+class BaseEntry:
+    """What every kind of entry declares: its path (also its ``route`` label in metrics and the
+    access log), the headers read, where the API key is, the rate-limit headers' names and its
+    OpenAPI declaration."""
 
     route: str
     read: frozenset[bytes]
     credential: Callable[[dict[bytes, bytes]], str | None]
-    parse: Callable[[Gateway, bytes], ParsedRequest]
-    surface: Surface
     limit_headers: HeaderStyle
     operation: Operation
-    # Instead of ``parse``, for a surface that reads state to build the body (a stored
-    # conversation): awaited with the caller's key name.
-    load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]] | None = None
-    # The 401's messages when the key is missing or wrong (``app.door.keys``), in the API's words
-    # for the header the key came in.
+    _: KW_ONLY
+    # The 401's messages when the key is missing or wrong (``app.door.api_keys``), in the API's
+    # words for the header the key came in.
     key_texts: KeyTexts = openai_key_texts
     # Added to an unknown model's 404: where the API's clients set the model, if it is known.
     model_hint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsingEntry(BaseEntry):
+    """An entry whose body is parsed as it came: ``parse`` makes the ``ParsedRequest``
+    (translated for a translating surface; 400 naming the field), run with ``surface`` (stream
+    observer, whole answer, error shape)."""
+
+    parse: Callable[[Gateway, bytes], ParsedRequest]
+    surface: Surface
+
+    @property
+    def shape(self) -> ErrorShape:
+        """How the entry's refusals look."""
+        return self.surface.shape
+
+
+@dataclass(frozen=True, slots=True)
+class LoadingEntry(BaseEntry):
+    """An entry whose body is loaded: ``load`` reads the state it names (awaited with the
+    caller's key name) to build the ``ParsedRequest``, which carries a surface made for that
+    request; ``shape`` is how the entry's refusals look before one exists."""
+
+    load: Callable[[Gateway, bytes, str | None], Awaitable[ParsedRequest]]
+    shape: ErrorShape
+
+
+# One POST route of an API surface, as the door serves it: either kind.
+Entry: TypeAlias = ParsingEntry | LoadingEntry
 
 
 def bearer(read: dict[bytes, bytes]) -> str | None:

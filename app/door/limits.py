@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
+from typing import Any
 
 from app.door.visit import Visit
 from app.errors import RateLimited
 from app.gateway import Gateway
-from app.limits import Budget
+from app.limits.per_key import Budget
+from app.proxy.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +21,10 @@ class KeyLimits:
     (``app.tenants.quota``) and its limiter slot taken (``app.limits``): 429 + Retry-After when
     over a quota or a limit; a request refused by its quota still spends one of its key's
     requests, as OpenAI counts refused requests. The key's rate-limit headers, in the entry's
-    style, go on every answer from here on, refusals included. The lease gives the slot back
-    once the response ended, then counts the answer's tokens for the key and charges them to
-    its quotas. Only in the list when keys are configured; it awaits nothing (no coroutine)
-    when the key has neither limits nor quotas."""
+    style, go on every answer from here on, refusals included. The slot is a lease of its own
+    (``_Slot``), given back once the response ended; then this check's lease counts the
+    answer's tokens for the key and charges them to its quotas. Only in the list when keys are
+    configured; it awaits nothing (no coroutine) when the key has neither limits nor quotas."""
 
     def __init__(self, gw: Gateway) -> None:
         self._metrics = gw.metrics
@@ -36,12 +38,11 @@ class KeyLimits:
         self._metrics.record_key_request(key)
         visit.hold(self)
         if self._quota is None and self._limiter is None:
-            visit.limit_headers += visit.entry.limit_headers(None, None)
+            visit.response_headers += visit.entry.limit_headers(None, None)
             return None
         return self._admit(visit, key)
 
     async def _admit(self, visit: Visit, key: str) -> None:
-        assert visit.tenant is not None
         quota = self._quota
         state = await quota.check(key, visit.tenant.policy) if quota is not None else None
         tokens = state.tokens if state is not None else None
@@ -51,42 +52,49 @@ class KeyLimits:
             if self._limiter is not None:
                 slot = self._limiter.hold(key)
                 requests = await slot.__aenter__()
-                visit.slot = slot
+                visit.hold(_Slot(slot))
             refusal = state.refusal if state is not None else None
             if refusal is not None:
                 self._metrics.record_quota_rejection(key, refusal.quota)
                 raise RateLimited(refusal.message, retry_after=refusal.retry_after)
         except RateLimited as refused:
             budget = requests if refused.budget is None else refused.budget
-            visit.limit_headers += style(budget, tokens)
+            visit.response_headers += style(budget, tokens)
             raise
-        visit.limit_headers += style(requests, tokens)
+        visit.response_headers += style(requests, tokens)
 
-    def release(self, visit: Visit) -> Awaitable[None] | None:
-        key, job = visit.key, visit.job
-        if key is not None and job is not None:
-            record = job.record
-            if not record.usage_estimated and (record.prompt_tokens or record.completion_tokens):
-                self._metrics.record_key_tokens(
-                    key,
-                    prompt=record.prompt_tokens or 0,
-                    completion=record.completion_tokens or 0,
-                    reasoning=record.reasoning_tokens or 0,
-                )
-        if visit.slot is None and (self._quota is None or job is None):
+    def release(self, visit: Visit, job: Job | None) -> Awaitable[None] | None:
+        """Count the answer's tokens for the key; charge them to its quotas (after the slot,
+        held later, was given back)."""
+        key = visit.key
+        if key is None or job is None:
             return None
-        return self._give_back(visit)
+        record = job.record
+        if not record.usage_estimated and (record.prompt_tokens or record.completion_tokens):
+            self._metrics.record_key_tokens(
+                key,
+                prompt=record.prompt_tokens or 0,
+                completion=record.completion_tokens or 0,
+                reasoning=record.reasoning_tokens or 0,
+            )
+        quota = self._quota
+        if quota is None:
+            return None
+        # The worker's usage, or the estimate (``usage_estimated``).
+        spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+        return quota.charge(key, job.tenant.policy, spent)
 
-    async def _give_back(self, visit: Visit) -> None:
-        """The limiter slot, then the answer's tokens charged to the key's quotas."""
-        slot, key, job = visit.slot, visit.key, visit.job
-        if slot is not None:
-            visit.slot = None
-            try:
-                await slot.__aexit__(None, None, None)
-            except Exception:  # a limiter that fails to release must not fail the request
-                log.exception("releasing a per-key limit failed")
-        if self._quota is not None and key is not None and job is not None:
-            record = job.record  # the worker's usage, or the estimate (``usage_estimated``)
-            spent = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
-            await self._quota.charge(key, job.tenant.policy, spent)
+
+class _Slot:
+    """The key's limiter slot, held for the response's lifetime."""
+
+    __slots__ = ("_slot",)
+
+    def __init__(self, slot: Any) -> None:
+        self._slot = slot
+
+    async def release(self, visit: Visit, job: Job | None) -> None:
+        try:
+            await self._slot.__aexit__(None, None, None)
+        except Exception:  # a limiter that fails to release must not fail the request
+            log.exception("releasing a per-key limit failed")

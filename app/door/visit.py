@@ -1,20 +1,24 @@
-"""One request at the door (``Visit``), the shape of a check (``Check``) and of what a check holds
-for the response's lifetime (``Lease``).
+"""One request at the door (``Visit``), the two kinds of check (``Check`` before the body is read,
+``RequestCheck`` once it is parsed) and what a check holds for the response's lifetime
+(``Lease``).
 
-A check is a small object built once at start-up (``app.door.entrance.checks``): ``check(visit)``
-reads what earlier checks left on the visit, adds what it finds, and refuses the request by
+The door (``app.door.entrance``) runs a request through fixed stages, each handing what it found
+to the next as a typed value: the headers read and forwarded, the caller's key and tenant (the
+``Visit``, made once all of them are known), the body's bytes, the ``ParsedRequest``. Between
+them run the configured checks: a ``Check`` looks at the ``Visit`` before the body is read, a
+``RequestCheck`` at the ``Visit`` and the ``ParsedRequest``. A check refuses the request by
 raising a ``GatewayError`` (answered in the surface's shape by the door). It returns None when it
-is done, or an awaitable when it must wait (reading the body, a shared limit store): an
-``async def check`` is a check too, and the door awaits only those, so a synchronous check costs
-a method call and no coroutine.
+is done, or an awaitable when it must wait (a shared limit store): an ``async def check`` is a
+check too, and the door awaits only those, so a synchronous check costs a method call and no
+coroutine.
 
-A check that takes something the request must give back (a concurrency slot, an open trace
-span, the tokens to charge to a quota) calls ``visit.hold(lease)``; the door releases the
-visit's leases in reverse order once the response ended -- a streamed one at its last byte, or
-when its client left -- or at once when a later check refuses the request, before its refusal
-is sent. A lease is usually the check object itself (``release(visit)`` reads the request's
-state from the visit), so holding one allocates nothing. Its ``release`` may be an ``async
-def`` too; one that fails is logged, never the request's failure.
+A check that takes something the request must give back (a concurrency slot, the tokens to
+charge to a quota) calls ``visit.hold(lease)``; the door releases the visit's leases in reverse
+order once the response ended -- a streamed one at its last byte, or when its client left -- or
+at once when a later step refuses the request, before its refusal is sent. A lease that keeps no
+state of its own is the check object itself (``release`` is given the visit), so holding one
+allocates nothing. Its ``release`` may be an ``async def`` too; one that fails is logged, never
+the request's failure.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.proxy.downstream import Receive
+from app.door.request_id import echo_id_of
 
 if TYPE_CHECKING:
     from app.door.entry import Entry
@@ -33,49 +37,51 @@ if TYPE_CHECKING:
 
 
 class Visit:
-    """One request on its way through the door's checks: the route's ``entry``, the ASGI
-    ``scope``/``receive``, and what the checks found. ``job`` is set once the proxy runs the
-    request; ``error`` when a check refused it."""
+    """One request at the door once its head was read: the route's ``entry``, the ASGI
+    ``scope``, when it arrived, its ids, the headers the entry reads (``read``) and those a
+    worker gets (``forwarded``), the caller's key name (None while the gateway is open) and
+    tenant, and its server span (tracing on). Made once, with all of them; what the checks add
+    later is what every answer carries (``response_headers``, the key's rate-limit headers) and
+    what the request holds (``hold``)."""
 
     __slots__ = (
         "echo_id",
         "entry",
-        "error",
         "forwarded",
-        "job",
         "key",
         "leases",
-        "limit_headers",
-        "parsed",
-        "raw",
         "read",
-        "receive",
         "request_id",
+        "response_headers",
         "scope",
-        "slot",
         "started",
         "tenant",
         "trace",
     )
 
-    def __init__(self, entry: Entry, scope: Any, receive: Receive, started: float) -> None:
+    def __init__(
+        self,
+        entry: Entry,
+        scope: Any,
+        started: float,
+        request_id: str,
+        read: dict[bytes, bytes],
+        forwarded: list[tuple[bytes, bytes]],
+        key: str | None,
+        tenant: Tenant,
+        trace: RequestTrace | None,
+    ) -> None:
         self.entry = entry
         self.scope = scope
-        self.receive = receive
         self.started = started
-        self.request_id = ""  # the gateway's own (records, log, trace)
-        self.echo_id = ""  # the X-Request-Id the client gets back and the worker is sent
-        self.trace: RequestTrace | None = None
-        self.read: dict[bytes, bytes] = {}  # the headers the entry reads
-        self.forwarded: list[tuple[bytes, bytes]] = []  # the headers a worker gets
-        self.key: str | None = None  # the caller's key name; None while the gateway is open
-        self.tenant: Tenant | None = None
-        self.limit_headers: list[tuple[bytes, bytes]] = []  # on every answer from admission on
-        self.slot: Any = None  # the key's limiter hold (an async context manager), when taken
-        self.raw = b""
-        self.parsed: ParsedRequest | None = None
-        self.job: Job | None = None
-        self.error: BaseException | None = None
+        self.request_id = request_id  # the gateway's own (records, log, trace)
+        self.echo_id = echo_id_of(scope)  # the X-Request-Id the client gets and the worker is sent
+        self.read = read
+        self.forwarded = forwarded
+        self.key = key
+        self.tenant = tenant
+        self.trace = trace
+        self.response_headers: list[tuple[bytes, bytes]] = []  # from admission on, refusals too
         self.leases: list[Lease] | None = None
 
     def hold(self, lease: Lease) -> None:
@@ -88,11 +94,17 @@ class Visit:
 
 class Check(Protocol):
     def check(self, visit: Visit) -> Awaitable[None] | None:
-        """Look at the request (raise a ``GatewayError`` to refuse it); an awaitable when the
-        check must wait."""
+        """Look at the request before its body is read (raise a ``GatewayError`` to refuse it);
+        an awaitable when the check must wait."""
+
+
+class RequestCheck(Protocol):
+    def check(self, visit: Visit, request: ParsedRequest) -> Awaitable[None] | None:
+        """Look at the parsed request (raise a ``GatewayError`` to refuse it); an awaitable when
+        the check must wait."""
 
 
 class Lease(Protocol):
-    def release(self, visit: Visit) -> Awaitable[None] | None:
-        """Give back what was held for ``visit``; ``visit.job`` is None when the request was
-        refused (``visit.error``) before the proxy ran it."""
+    def release(self, visit: Visit, job: Job | None) -> Awaitable[None] | None:
+        """Give back what was held for ``visit``; ``job`` is the request the proxy ran, None
+        when a later step refused it."""

@@ -18,9 +18,9 @@ from app.emulator.asgi import Receive, Scope, Send, header, respond_json
 from app.emulator.engine import Clock
 from app.emulator.openai import handle_generate
 from app.emulator.replay import ReplayBook
-from app.emulator.worker import EmulatorConfig, Worker
+from app.emulator.worker import EmulatedWorker, EmulatorConfig
 
-Handler = Callable[[Worker, Scope, Receive, Send], Awaitable[None]]
+Handler = Callable[[EmulatedWorker, Scope, Receive, Send], Awaitable[None]]
 
 
 def _routes(replay: ReplayBook | None) -> dict[str, dict[str, Handler]]:
@@ -70,7 +70,12 @@ def _vllm_routes(replay: ReplayBook | None, dev_mode: bool) -> dict[str, dict[st
 
 
 async def _generate(
-    replay: ReplayBook | None, kind: str, worker: Worker, scope: Scope, receive: Receive, send: Send
+    replay: ReplayBook | None,
+    kind: str,
+    worker: EmulatedWorker,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
 ) -> None:
     await handle_generate(worker, replay, kind, scope, receive, send)
 
@@ -90,7 +95,7 @@ def _authorized(scope: Scope, path: str, key: str) -> bool:
 class EmulatorApp:
     """The ASGI callable; ``worker`` holds all state (tests may read it in-process)."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: EmulatedWorker) -> None:
         self.worker = worker
         replay = ReplayBook(worker) if worker.config.replay else None
         self._routes = (
@@ -149,4 +154,4 @@ class EmulatorApp:
 def create_emulator_app(
     config: EmulatorConfig, *, clock: Clock | None = None, rng: random.Random | None = None
 ) -> EmulatorApp:
-    return EmulatorApp(Worker(config, clock=clock, rng=rng))
+    return EmulatorApp(EmulatedWorker(config, clock=clock, rng=rng))

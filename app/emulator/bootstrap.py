@@ -30,7 +30,7 @@ from app.emulator.asgi import TEXT, Receive, Scope, Send, query, read_body, resp
 from app.emulator.disagg import ABORTED
 from app.emulator.prefill_role import PrefillSide
 from app.emulator.rooms import KVPoll
-from app.emulator.worker import Worker
+from app.emulator.worker import EmulatedWorker
 
 _RANKS = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
 TP_SIZE = 8
@@ -38,7 +38,7 @@ PAGE_SIZE = 64  # trtllm_mla's page size
 MAX_WAIT_S = 30.0
 
 
-def _side(worker: Worker) -> PrefillSide:
+def _side(worker: EmulatedWorker) -> PrefillSide:
     side = worker.disagg
     assert isinstance(side, PrefillSide)
     return side
@@ -48,11 +48,11 @@ async def _text(send: Send, status: int, text: str, content_type: bytes = TEXT) 
     await respond(send, status, text.encode(), content_type=content_type)
 
 
-async def health(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def health(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     await _text(send, 200, "OK")
 
 
-def server_info(worker: Worker) -> dict[str, Any]:
+def server_info(worker: EmulatedWorker) -> dict[str, Any]:
     """``PrefillServerInfo`` as SGLang's bootstrap server sends it (``dataclasses.asdict``, the
     ``None`` layout fields left out)."""
     return {
@@ -76,7 +76,7 @@ def server_info(worker: Worker) -> dict[str, Any]:
     }
 
 
-async def route(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def route(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     if scope["method"] != "GET":
         await _text(send, 405, "Method not allowed", b"application/json")
         return
@@ -118,7 +118,7 @@ async def _json(receive: Receive) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-async def kv(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def kv(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     side = _side(worker)
     room_id, action = _room_id(scope)
     method = scope["method"]
@@ -157,14 +157,14 @@ async def kv(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None
     await respond_json(send, 200, room.view())
 
 
-Handler = Callable[[Worker, Scope, Receive, Send], Awaitable[None]]
+Handler = Callable[[EmulatedWorker, Scope, Receive, Send], Awaitable[None]]
 
 
 def routes() -> dict[str, Handler]:
     return {"/health": health, "/route": route}
 
 
-async def serve(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """One request on the bootstrap port."""
     path = scope["path"]
     if path.startswith("/kv/"):

@@ -128,6 +128,17 @@ class PrefixCache:
             keys.append(digest)
         return keys
 
+    def peek(self, keys: list[bytes], prompt_tokens: int) -> int:
+        """Cached tokens for this prompt now, with nothing locked, touched or counted."""
+        limit = max(0, prompt_tokens - 1) // self.page_size
+        nodes = self._nodes
+        found = 0
+        for key in keys[:limit]:
+            if key not in nodes:
+                break
+            found += 1
+        return found * self.page_size
+
     def match(self, keys: list[bytes], prompt_tokens: int) -> tuple[int, list[bytes]]:
         """Cached tokens for this prompt and the matched path, locked until ``unlock``."""
         limit = max(0, prompt_tokens - 1) // self.page_size

@@ -21,6 +21,7 @@ from app.emulator.disagg import (
 )
 from app.emulator.engine import Timing
 from app.emulator.faults import COLLAPSED_ACCEPT_LENGTH, Faults
+from app.emulator.prefill_batch import DEFAULT_MAX_PREFILL_TOKENS
 from app.emulator.profiles import PROFILE_NAMES
 from app.emulator.worker import (
     DEFAULT_MAX_TOTAL_TOKENS,
@@ -143,6 +144,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=DEFAULT_PAGE_SIZE,
         help="tokens per KV page: the prefix cache matches and evicts whole pages "
         f"(default {DEFAULT_PAGE_SIZE}, as SGLang sets for trtllm_mla)",
+    )
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=DEFAULT_MAX_PREFILL_TOKENS,
+        help="new prompt tokens per prefill forward pass: waiting prompts are prefilled in "
+        "batches of at most this many, one pass at a time (a longer prompt goes alone; "
+        f"default {DEFAULT_MAX_PREFILL_TOKENS}, as SGLang)",
     )
     p.add_argument(
         "--kv-events-config",
@@ -271,6 +280,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         enable_cache_report=args.enable_cache_report,
         max_total_tokens=args.max_total_tokens,
         page_size=args.page_size,
+        max_prefill_tokens=args.max_prefill_tokens,
         kv_events_config=args.kv_events_config,
         enable_priority_scheduling=args.enable_priority_scheduling,
         abort_on_priority_when_disabled=args.abort_on_priority_when_disabled,

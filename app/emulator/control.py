@@ -7,7 +7,7 @@ import orjson
 from app.emulator import render
 from app.emulator.asgi import Receive, Scope, Send, query, read_body, respond_json
 from app.emulator.faults import FaultError
-from app.emulator.worker import Worker
+from app.emulator.worker import EmulatedWorker
 
 
 async def _json_object(receive: Receive, send: Send) -> dict[str, object] | None:
@@ -23,11 +23,11 @@ async def _json_object(receive: Receive, send: Send) -> dict[str, object] | None
     return body
 
 
-async def get_faults(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def get_faults(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     await respond_json(send, 200, worker.faults.snapshot())
 
 
-async def set_faults(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def set_faults(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """Partial update of the fault modes; ``{"clear": true}`` first resets them all."""
     body = await _json_object(receive, send)
     if body is None:
@@ -40,11 +40,11 @@ async def set_faults(worker: Worker, scope: Scope, receive: Receive, send: Send)
     await respond_json(send, 200, worker.faults.snapshot())
 
 
-async def get_gate(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def get_gate(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     await respond_json(send, 200, worker.gate.snapshot())
 
 
-async def set_gate(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def set_gate(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """``{"hold_after_chunks": k}`` or ``{"release": true}``."""
     body = await _json_object(receive, send)
     if body is None:
@@ -65,7 +65,7 @@ async def set_gate(worker: Worker, scope: Scope, receive: Receive, send: Send) -
     await respond_json(send, 200, worker.gate.snapshot())
 
 
-async def get_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def get_stats(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """``GET /emulator/stats[?rid=PREFIX][&limit=N]``: totals, active rids, records."""
     params = query(scope)
     try:
@@ -86,7 +86,7 @@ async def get_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) 
     await respond_json(send, 200, snapshot)
 
 
-async def reset_stats(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def reset_stats(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """``DELETE /emulator/stats``: forget the in-memory records (the JSONL file is kept)."""
     worker.stats.reset()
     if worker.disagg is not None:

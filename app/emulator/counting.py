@@ -25,10 +25,10 @@ from app.emulator.genrequest import CHARS_PER_TOKEN, RequestError
 from app.emulator.messages import to_chat
 from app.emulator.requests import parse_chat
 from app.emulator.session import pick_profile, request_rng
-from app.emulator.worker import CONTEXT_LEN, Worker
+from app.emulator.worker import CONTEXT_LEN, EmulatedWorker
 
 
-async def count_tokens(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def count_tokens(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     try:
         body: Any = orjson.loads(await read_body(receive))
         tokens = parse_chat(to_chat(body)).prompt_tokens
@@ -40,7 +40,7 @@ async def count_tokens(worker: Worker, scope: Scope, receive: Receive, send: Sen
     await respond_json(send, 200, {"input_tokens": tokens})
 
 
-async def tokenize(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def tokenize(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     try:
         body: Any = orjson.loads(await read_body(receive))
         if not isinstance(body, dict):

@@ -39,7 +39,7 @@ from app.emulator.replay import ReplayBook, handle_replay
 from app.emulator.requests import expand, parse_chat, parse_completion
 from app.emulator.session import Session
 from app.emulator.streaming import StreamWriter, die
-from app.emulator.worker import CONTEXT_LEN, Worker
+from app.emulator.worker import CONTEXT_LEN, EmulatedWorker
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ _INBAND_MESSAGE = "The request was aborted by the worker."
 
 
 async def handle_generate(
-    worker: Worker,
+    worker: EmulatedWorker,
     replay: ReplayBook | None,
     kind: str,
     scope: Scope,
@@ -128,7 +128,7 @@ def check_grammars(subs: list[GenRequest]) -> None:
         ) from None
 
 
-async def _run(worker: Worker, sessions: list[Session], send: Send) -> str | None:
+async def _run(worker: EmulatedWorker, sessions: list[Session], send: Send) -> str | None:
     """Serve one request; returns the name of the fault that ended it, if any."""
     faults = worker.faults
     first = sessions[0]
@@ -193,7 +193,7 @@ async def _collect(session: Session) -> tuple[str, str, str, list[TokenLogprob]]
     return "".join(reasoning), "".join(content), "".join(arguments), lps
 
 
-async def _non_stream(worker: Worker, sessions: list[Session], send: Send) -> str | None:
+async def _non_stream(worker: EmulatedWorker, sessions: list[Session], send: Send) -> str | None:
     faults = worker.faults
     if faults.inband_error_after_chunks is not None:
         for session in sessions:
@@ -241,7 +241,7 @@ async def _non_stream(worker: Worker, sessions: list[Session], send: Send) -> st
     return None
 
 
-async def _die(worker: Worker, sessions: list[Session], send: Send) -> None:
+async def _die(worker: EmulatedWorker, sessions: list[Session], send: Send) -> None:
     """Drop the connection after the response headers (or end the process)."""
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await die(worker, sessions)

@@ -11,23 +11,23 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.emulator import render
 from app.emulator.asgi import TEXT, Receive, Scope, Send, query, read_body, respond, respond_json
-from app.emulator.worker import CONTEXT_LEN, SGLANG_VERSION, Worker
+from app.emulator.worker import CONTEXT_LEN, SGLANG_VERSION, EmulatedWorker
 
 _VALID_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
 
-async def health(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def health(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """``/health`` and ``/health_generate``: empty body; 503 while warming up or unhealthy."""
     status = 503 if worker.warming_up or worker.faults.unhealthy else 200
     await respond(send, status, b"", content_type=None)
 
 
-async def ready(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def ready(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """``/ready``: 503 until warmed up (the unhealthy fault does not change readiness)."""
     await respond(send, 503 if worker.warming_up else 200, b"", content_type=None)
 
 
-def _card(worker: Worker, name: str) -> dict[str, Any]:
+def _card(worker: EmulatedWorker, name: str) -> dict[str, Any]:
     return {
         "id": name,
         "object": "model",
@@ -39,11 +39,11 @@ def _card(worker: Worker, name: str) -> dict[str, Any]:
     }
 
 
-async def models(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def models(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     await respond_json(send, 200, {"object": "list", "data": [_card(worker, worker.config.model)]})
 
 
-async def model_card(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def model_card(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """``GET /v1/models/{model}``: the card, or SGLang's OpenAI-style 404."""
     name = scope["path"][len("/v1/models/") :]
     if name != worker.config.model:
@@ -58,7 +58,7 @@ async def model_card(worker: Worker, scope: Scope, receive: Receive, send: Send)
     await respond_json(send, 200, _card(worker, name))
 
 
-def server_args(worker: Worker) -> dict[str, Any]:
+def server_args(worker: EmulatedWorker) -> dict[str, Any]:
     c = worker.config
     return {
         "model_path": c.model,
@@ -99,7 +99,7 @@ def server_args(worker: Worker) -> dict[str, Any]:
     }
 
 
-async def server_info(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def server_info(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     worker.window.roll()
     c = worker.config
     state = {
@@ -125,7 +125,7 @@ async def server_info(worker: Worker, scope: Scope, receive: Receive, send: Send
     await respond_json(send, 200, info)
 
 
-async def model_info(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def model_info(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     c = worker.config
     info = {
         "model_path": c.model,
@@ -146,7 +146,7 @@ async def model_info(worker: Worker, scope: Scope, receive: Receive, send: Send)
     await respond_json(send, 200, info)
 
 
-async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def loads(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     include_raw = query(scope).get("include")
     include = {s.strip() for s in include_raw.split(",")} if include_raw else None
     if include is not None and not include <= _VALID_SECTIONS:
@@ -165,7 +165,7 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
         "dp_rank": 0,
         "num_running_reqs": s.running,
         "num_waiting_reqs": s.waiting,
-        "num_waiting_uncached_tokens": 0,
+        "num_waiting_uncached_tokens": worker.prefill.waiting_tokens,
         "num_used_tokens": used,
         "num_total_tokens": used,
         "num_active_tokens": used,
@@ -201,7 +201,7 @@ async def loads(worker: Worker, scope: Scope, receive: Receive, send: Send) -> N
     await respond_json(send, 200, body)
 
 
-async def abort_request(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def abort_request(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     """Abort every running or waiting request whose rid starts with ``rid`` (SGLang matches by
     prefix); ``abort_all`` aborts everything. Always 200 with an empty body."""
     try:
@@ -216,7 +216,7 @@ async def abort_request(worker: Worker, scope: Scope, receive: Receive, send: Se
     await respond(send, 200, b"", content_type=None)
 
 
-async def flush_cache(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def flush_cache(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     s = worker.scheduler
     if s.running or s.waiting:
         message = (
@@ -233,6 +233,6 @@ async def flush_cache(worker: Worker, scope: Scope, receive: Receive, send: Send
     await respond(send, 200, message.encode(), content_type=TEXT)
 
 
-async def metrics(worker: Worker, scope: Scope, receive: Receive, send: Send) -> None:
+async def metrics(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Send) -> None:
     worker.refresh_metrics()
     await respond(send, 200, worker.metrics.render(), content_type=CONTENT_TYPE_LATEST.encode())

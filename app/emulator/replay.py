@@ -23,7 +23,7 @@ from app.emulator.engine import ActiveRequest, QueueFull
 from app.emulator.generation import Generation
 from app.emulator.genrequest import UNNAMED_MODEL, GenRequest
 from app.emulator.profiles import AcceptanceModel, effective_tau
-from app.emulator.worker import Worker
+from app.emulator.worker import EmulatedWorker
 
 _PLACEHOLDER = "@@REPLAY-RID@@"
 _PLACEHOLDER_B = _PLACEHOLDER.encode()
@@ -41,7 +41,7 @@ class Template:
 class ReplayBook:
     """Rendered templates by request shape; owned by one worker."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: EmulatedWorker) -> None:
         self._worker = worker
         self._templates: dict[tuple[str, bool, int, bool, str], Template] = {}
 
@@ -123,7 +123,12 @@ def _rng() -> random.Random:
 
 
 async def handle_replay(
-    worker: Worker, book: ReplayBook, kind: str, body: dict[str, Any], receive: Receive, send: Send
+    worker: EmulatedWorker,
+    book: ReplayBook,
+    kind: str,
+    body: dict[str, Any],
+    receive: Receive,
+    send: Send,
 ) -> None:
     stream = bool(body.get("stream", False))
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -182,7 +187,7 @@ async def handle_replay(
 
 
 def _finish(
-    worker: Worker, active: ActiveRequest, template: Template, sent: int, holding: bool
+    worker: EmulatedWorker, active: ActiveRequest, template: Template, sent: int, holding: bool
 ) -> None:
     """Release the slot, unregister and record (once: the caller checks registration)."""
     if holding:

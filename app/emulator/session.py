@@ -22,7 +22,7 @@ from app.emulator.generation import Generation, Step
 from app.emulator.genrequest import GenRequest
 from app.emulator.prefill_role import PrefillSide
 from app.emulator.profiles import PROFILE_NAMES, classify
-from app.emulator.worker import Worker
+from app.emulator.worker import EmulatedWorker
 
 
 def request_rng(req: GenRequest, fallback: random.Random) -> random.Random:
@@ -44,7 +44,7 @@ def pick_profile(header: str | None, configured: str, req: GenRequest) -> str:
 class Session:
     def __init__(
         self,
-        worker: Worker,
+        worker: EmulatedWorker,
         req: GenRequest,
         profile_header: str | None = None,
         request_id: str | None = None,
@@ -138,16 +138,26 @@ class Session:
         w.metrics.on_queued(w.clock.monotonic() - self.active.started_mono)
         if not self._holding_slot:
             return
-        w.running_tokens += self.prompt_tokens
-        self._counted_tokens = self.prompt_tokens
-        if not prefill:
-            return  # a decode server's KV came from the prefill server
+        if not prefill:  # a decode server's KV came from the prefill server
+            w.running_tokens += self.prompt_tokens
+            self._counted_tokens = self.prompt_tokens
+            return
         cache = w.cache
         keys = cache.keys(self.req.prompt)
-        self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
-        self._hold(held)
-        self.prefill_s = w.timing.prefill_s(self.prompt_tokens - self.cached_tokens)
-        await asyncio.sleep(self.prefill_s)
+        held: list[bytes] = []
+
+        def start() -> int:  # its batch is formed: its KV is allocated, the cache matched now
+            nonlocal held
+            w.running_tokens += self.prompt_tokens
+            self._counted_tokens = self.prompt_tokens
+            self.cached_tokens, held = cache.match(keys, self.prompt_tokens)
+            self._hold(held)
+            uncached = self.prompt_tokens - self.cached_tokens
+            self.prefill_s = w.timing.prefill_s(uncached)  # its own cost, without the queue
+            return uncached
+
+        waiting = self.prompt_tokens - cache.peek(keys, self.prompt_tokens)
+        await w.prefill.prefill(waiting, start)
         if self.active.aborted:
             return
         # The prompt's pages enter the cache once its prefill is done (SGLang's

@@ -20,7 +20,7 @@ from typing import Any
 from app.emulator import choices, logprobs, render
 from app.emulator.asgi import SSE_HEADERS, ConnectionDrop, Send
 from app.emulator.session import Session
-from app.emulator.worker import Worker
+from app.emulator.worker import EmulatedWorker
 
 
 class _Stop(Exception):
@@ -30,7 +30,7 @@ class _Stop(Exception):
 class StreamWriter:
     """One SSE response for the request's choices (one ``Session`` each, ``index`` order)."""
 
-    def __init__(self, worker: Worker, sessions: list[Session], send: Send) -> None:
+    def __init__(self, worker: EmulatedWorker, sessions: list[Session], send: Send) -> None:
         self.worker = worker
         self.sessions = sessions
         self._send = send
@@ -187,7 +187,7 @@ class StreamWriter:
             await self.emit(chunks[id(sessions[0])].usage(use, last_id), sessions[-1])
 
 
-async def die(worker: Worker, sessions: list[Session]) -> None:
+async def die(worker: EmulatedWorker, sessions: list[Session]) -> None:
     """The ``die_after_chunks`` fault: drop the connection, or end the process (``die_mode``)."""
     if worker.faults.die_mode == "process":
         for session in sessions:

@@ -1,4 +1,5 @@
-"""``EmulatorConfig`` and ``Worker``: everything one emulated SGLang DFLASH worker holds.
+"""``EmulatorConfig`` and ``EmulatedWorker``: everything one emulated SGLang DFLASH worker
+holds.
 
 Built once by ``create_emulator_app`` and passed explicitly to every handler; nothing lives at
 module level. The clock and the root random source are injected here.
@@ -16,6 +17,7 @@ from app.emulator.engine import Clock, RateWindow, Scheduler, SystemClock, Timin
 from app.emulator.faults import Faults, Gate
 from app.emulator.kv_events import KvEventPublisher, KvEventsConfig
 from app.emulator.metrics import EmulatorMetrics
+from app.emulator.prefill_batch import DEFAULT_MAX_PREFILL_TOKENS, PrefillBatcher
 from app.emulator.profiles import PROFILE_NAMES, AcceptanceModels, step_time_factors
 from app.emulator.roles import Side, make_side
 from app.emulator.stats import StatsBook
@@ -53,6 +55,8 @@ class EmulatorConfig:
     # the prefix cache and the running requests share it (``app.emulator.cache``).
     max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS
     page_size: int = DEFAULT_PAGE_SIZE
+    # New prompt tokens per prefill forward pass (SGLang's --max-prefill-tokens; prefill_batch).
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     # SGLang's / vLLM's --kv-events-config (JSON): publish the cache's changes (``kv_events``).
     kv_events_config: str | None = None
     # SGLang's --enable-priority-scheduling / --abort-on-priority-when-disabled (engine.py).
@@ -83,6 +87,8 @@ class EmulatorConfig:
             raise ValueError("max_queued_requests must be >= 0")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.max_prefill_tokens < 1:
+            raise ValueError("max_prefill_tokens must be >= 1")
         if self.max_total_tokens < self.page_size:
             raise ValueError("max_total_tokens must be at least one page")
         if self.kv_events_config is not None:
@@ -99,7 +105,7 @@ class EmulatorConfig:
         return self.engine == "vllm"
 
 
-class Worker:
+class EmulatedWorker:
     """The emulated worker's state, shared by its handlers."""
 
     def __init__(
@@ -120,6 +126,7 @@ class Worker:
             prefill_per_token_s=config.prefill_per_token_s,
             scale=config.step_time_scale,
         )
+        self.prefill = PrefillBatcher(self.timing, config.max_prefill_tokens)
         self.models = AcceptanceModels(config.accept_scale)
         self.step_factors = step_time_factors()
         self.scheduler = Scheduler(

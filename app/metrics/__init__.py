@@ -22,8 +22,9 @@ in-flight, queue depth and the gateway's tokens/s add up over live processes (``
 figures take the largest (``livemax``: up, breaker state) or the latest value (``livemostrecent``).
 
 ``families.py`` defines the families, ``recorder.py`` holds ``Metrics`` (label values,
-``record_*``, the scrape), ``prom_adapter.py`` everything that relies on prometheus_client's
-internals.
+``record_*``, the scrape), ``pool.py`` each worker's series, ``held.py`` how a request's updates
+reach the series (held until the next collect), ``prom_adapter.py`` everything that relies on
+prometheus_client's internals.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from app.metrics.families import (
     TTFT_BUCKETS,
     Families,
 )
+from app.metrics.pool import WorkerView
 from app.metrics.prom_adapter import CONTENT_TYPE, multiprocess_mode, observe_gaps
-from app.metrics.recorder import Metrics, TokenWindow, WorkerView
+from app.metrics.recorder import Metrics, TokenWindow
 from app.outcomes import ATTEMPT_OUTCOMES, STREAM_OUTCOMES
 
 __all__ = [

@@ -2,26 +2,17 @@
 from start-up), the ``record_*`` calls the proxy makes once per request, and the pool's gauges
 read when scraped.
 
-A request's counter increments and histogram observations are held in plain Python (a sum per
-counter series, bucket counts and a sum per histogram series: bounded by the series, not the
-requests) and added to prometheus_client's series at the next collect (a scrape, or any
-``registry.collect``/``get_sample_value``): a request pays a dict update where
-prometheus_client takes a lock and runs its checks per call, and a histogram's bucket is found
-by one ``bisect`` rather than a scan of its bounds. In multiprocess mode (``--processes N``),
-where another process reads this one's files, every update goes to the files at once."""
+A request's updates are held until the next collect (``app.metrics.held``); each worker's series
+are kept by ``WorkerSeries`` (``app.metrics.pool``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from app.metrics.families import (
     BACKGROUND_TASKS,
@@ -34,73 +25,14 @@ from app.metrics.families import (
     SOURCES,
     STATUSES,
     THROUGHPUT_WINDOW_S,
-    VIOLATIONS,
     WORKER_GAUGES,
     Families,
 )
-from app.metrics.prom_adapter import (
-    add_counts,
-    multiprocess_mode,
-    observe_gaps,
-    render,
-    render_multiprocess,
-    upper_bounds,
-)
-from app.outcomes import ATTEMPT_OUTCOMES, STREAM_OUTCOMES, Outcome
+from app.metrics.held import AtOnce, FlushFirst, Pending, Updates
+from app.metrics.pool import WorkerSeries, WorkerView
+from app.metrics.prom_adapter import multiprocess_mode, render, render_multiprocess
+from app.outcomes import STREAM_OUTCOMES, Outcome
 from app.tenants.config import PRIORITIES
-
-
-class LoadView(Protocol):
-    @property
-    def gen_throughput(self) -> float: ...
-    @property
-    def running(self) -> int: ...
-    @property
-    def waiting(self) -> int: ...
-    @property
-    def waiting_tokens(self) -> int: ...
-    @property
-    def transfer_queue(self) -> int: ...
-    @property
-    def accept_length(self) -> float | None: ...
-    @property
-    def accept_rate(self) -> float | None: ...
-
-
-class AcceptView(Protocol):
-    @property
-    def ewma(self) -> float | None: ...
-    @property
-    def collapsed(self) -> bool: ...
-
-
-class BreakerView(Protocol):
-    @property
-    def state(self) -> int: ...
-
-
-class WorkerView(Protocol):
-    """What the scrape reads of a ``app.workers.worker.Worker``."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def models(self) -> tuple[str, ...]: ...
-    @property
-    def in_flight(self) -> int: ...
-    @property
-    def up(self) -> bool: ...
-    @property
-    def load(self) -> LoadView: ...
-    @property
-    def breaker(self) -> BreakerView: ...
-    @property
-    def accept(self) -> AcceptView: ...
-    @property
-    def engine_name(self) -> str: ...
-    @property
-    def role(self) -> str: ...
-
 
 _SERIES_CACHE = 4096  # label tuples kept by ``record_request``/``record_tokens``
 
@@ -129,31 +61,6 @@ class TokenWindow:
         return total / self._window
 
 
-class _Held:
-    """A histogram series' observations not yet added to it: bucket counts and their sum."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: list[float]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * len(bounds)
-        self.total = 0.0
-
-
-class _Flush(Collector):
-    """Registered on the registry before the families: every collect adds what is held first."""
-
-    def __init__(self, flush: Callable[[], None]) -> None:
-        self._flush = flush
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        self._flush()
-        return iter(())
-
-
 class Metrics(Families):
     """The families with their label values, recorded into once per request and refreshed from
     the pool when scraped."""
@@ -172,19 +79,16 @@ class Metrics(Families):
         # none), and Prometheus 2.x does not use them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.multiprocess = multiprocess_mode()
-        # The updates held until the next collect (see the module doc).
-        self._counts: dict[Any, float] = {}
-        self._held: dict[Any, _Held] = {}
-        if self.multiprocess:
-            self._inc, self._observe = _inc_now, _observe_now  # type: ignore[method-assign]
+        updates: Updates = AtOnce() if self.multiprocess else Pending()
+        self._updates = updates
+        self._inc, self._observe = updates.inc, updates.observe
+        self._observe_gaps = updates.observe_gaps
         registry = registry or CollectorRegistry(auto_describe=True)
-        registry.register(_Flush(self.flush))
+        registry.register(FlushFirst(updates.flush))
         super().__init__(registry)
         self._clock = clock
         self._models: set[str] = set()
-        self._workers: set[str] = set()
-        self._engines: dict[str, str] = {}  # the engine label each worker's info gauge has
-        self._roles: dict[str, str] = {}  # each worker's role label (whole, prefill, decode)
+        self._workers = WorkerSeries(self, self._models, multiprocess=self.multiprocess)
         self._windows: dict[str, TokenWindow] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         # A request's series by its labels, looked up in one step (``_series``).
@@ -231,8 +135,7 @@ class Metrics(Families):
             self.accept_length.labels(model, source)
         self.throughput.labels(model)
         self._windows[model] = TokenWindow()
-        for worker in self._workers:
-            self._model_worker(model, worker)
+        self._workers.add_model(model)
         return model
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -245,69 +148,10 @@ class Metrics(Families):
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def _model_worker(self, model: str, worker: str) -> None:
-        for counter in (
-            self.prompt_tokens,
-            self.cached_prompt_tokens,
-            self.completion_tokens,
-            self.reasoning_tokens,
-            self.verify_steps,
-        ):
-            counter.labels(model, worker)
-
     def add_worker(self, worker: str, role: str | None = None) -> None:
         """Pre-initialise a worker's series so they exist from start-up; ``role``: its PD role
         (whole, prefill, decode; kept from the last call when None)."""
-        if role is not None and self._roles.get(worker, role) != role:
-            self._forget_worker(worker)  # its role changed: its series go under the new one
-        if worker in self._workers:
-            return
-        role = self._roles[worker] = role or self._roles.get(worker, "whole")
-        self._workers.add(worker)
-        for outcome in ATTEMPT_OUTCOMES:
-            self.upstream_attempts.labels(worker, outcome)
-        for kind in VIOLATIONS:
-            self.upstream_violations.labels(worker, kind)
-        for gauge in (
-            self.in_flight,
-            self.worker_up,
-            self.worker_breaker,
-            self.worker_throughput,
-            self.worker_collapsed,
-        ):
-            gauge.labels(worker, role)
-        for model in self._models - {OTHER}:
-            self._model_worker(model, worker)
-
-    def _forget_worker(self, worker: str) -> None:
-        """A worker left the pool: its gauges go (in multiprocess mode they are filtered out when
-        rendering, since a file's entries cannot be removed)."""
-        self._workers.discard(worker)
-        role = self._roles.pop(worker, "whole")
-        engine = self._engines.pop(worker, None)
-        if engine is not None and not self.multiprocess:
-            with contextlib.suppress(KeyError):
-                self.worker_engine.remove(worker, role, engine)
-        for gauge in (
-            self.in_flight,
-            self.worker_up,
-            self.worker_breaker,
-            self.worker_throughput,
-            self.worker_accept_length,
-            self.worker_accept_rate,
-            self.worker_measured_accept,
-            self.worker_collapsed,
-            self.worker_running,
-            self.worker_waiting,
-            self.worker_queued_prefill_tokens,
-            self.worker_transfer_queue,
-        ):
-            if self.multiprocess:
-                if gauge is self.in_flight:
-                    gauge.labels(worker, role).set(0)
-                continue
-            with contextlib.suppress(KeyError):
-                gauge.remove(worker, role)
+        self._workers.add(worker, role)
 
     def add_key(self, name: str) -> None:
         """Pre-initialise a configured API key name's series."""
@@ -320,29 +164,9 @@ class Metrics(Families):
 
     # -- once per request ---------------------------------------------------------------------
 
-    def _inc(self, child: Any, amount: float = 1) -> None:
-        """``child.inc(amount)`` at the next collect."""
-        if amount < 0:
-            raise ValueError("counters can only be incremented by non-negative amounts")
-        counts = self._counts
-        counts[child] = counts.get(child, 0) + amount
-
-    def _observe(self, child: Any, value: float) -> None:
-        """``child.observe(value)`` at the next collect."""
-        held = self._held.get(child)
-        if held is None:
-            held = self._held[child] = _Held(upper_bounds(child))
-        held.counts[bisect_left(held.bounds, value)] += 1
-        held.total += value
-
     def flush(self) -> None:
         """Add the held updates to their series (done by every collect)."""
-        counts, self._counts = self._counts, {}
-        held, self._held = self._held, {}
-        for child, amount in counts.items():
-            child.inc(amount)
-        for child, h in held.items():
-            add_counts(child, h.counts, h.total)
+        self._updates.flush()
 
     def record_dropped_fields(self, route: str) -> None:
         self._inc(self._child(self.dropped_fields, route))
@@ -387,7 +211,7 @@ class Metrics(Families):
         was known (the steps count, the per-request histogram does not). ``cached``: of
         ``prompt``, the tokens from the worker's prefix cache."""
         series = self._token_series.get((model, worker))
-        if series is None or worker not in self._workers:
+        if series is None or worker not in self._workers.names:
             series = self._tokens_of(model, worker)
         label, prompt_series, reasoning_series, completion_series, steps_series = series
         if prompt:
@@ -443,21 +267,6 @@ class Metrics(Families):
         if completion_tokens and completion_tokens > 1:
             tpot = (chunk_times[-1] - first_at) / (completion_tokens - 1)
             self._observe(self._child(self.tpot, label), tpot)
-
-    def _observe_gaps(self, child: Any, first_at: float, times: Sequence[float]) -> None:
-        """``_observe(gap)`` for every gap between consecutive clock readings, in one pass."""
-        if self.multiprocess:
-            observe_gaps(child, first_at, times)
-            return
-        held = self._held.get(child)
-        if held is None:
-            held = self._held[child] = _Held(upper_bounds(child))
-        bounds, counts = held.bounds, held.counts
-        previous = first_at
-        for at in times:
-            counts[bisect_left(bounds, at - previous)] += 1
-            previous = at
-        held.total += times[-1] - first_at
 
     def record_queue_wait(self, seconds: float, priority: str) -> None:
         self._observe(self._child(self.queue_wait, priority), seconds)
@@ -549,39 +358,11 @@ class Metrics(Families):
         gateway's tokens/s, from the pool now."""
         current: set[str] = set()
         for w in workers:
-            name, role = w.name, w.role
-            current.add(name)
-            self.add_worker(name, role)
+            current.add(w.name)
+            self._workers.observe(w)
             for model in w.models:
                 self._model(model)
-            self.in_flight.labels(name, role).set(w.in_flight)
-            self.worker_up.labels(name, role).set(1 if w.up else 0)
-            self.worker_breaker.labels(name, role).set(int(w.breaker.state))
-            engine = w.engine_name
-            was = self._engines.get(name)
-            if was != engine:
-                if was is not None:
-                    with contextlib.suppress(KeyError):
-                        self.worker_engine.remove(name, role, was)
-                self._engines[name] = engine
-                self.worker_engine.labels(name, role, engine).set(1)
-            load = w.load
-            self.worker_throughput.labels(name, role).set(load.gen_throughput)
-            self.worker_running.labels(name, role).set(load.running)
-            self.worker_waiting.labels(name, role).set(load.waiting)
-            self.worker_queued_prefill_tokens.labels(name, role).set(load.waiting_tokens)
-            if role != "whole":  # whole workers have no disaggregation queues
-                self.worker_transfer_queue.labels(name, role).set(load.transfer_queue)
-            if load.accept_length is not None:
-                self.worker_accept_length.labels(name, role).set(load.accept_length)
-            if load.accept_rate is not None:
-                self.worker_accept_rate.labels(name, role).set(load.accept_rate)
-            accept = w.accept
-            self.worker_collapsed.labels(name, role).set(1 if accept.collapsed else 0)
-            if accept.ewma is not None:
-                self.worker_measured_accept.labels(name, role).set(accept.ewma)
-        for gone in self._workers - current:
-            self._forget_worker(gone)
+        self._workers.keep_only(current)
         self.queue_depth.set(queue_depth)
         self.fleet_saturation.set(saturation)
         now = self._clock()
@@ -608,12 +389,4 @@ class Metrics(Families):
         merged, without the gauges of workers that left the pool."""
         if not self.multiprocess:
             return render(self.registry)
-        return render_multiprocess(WORKER_GAUGES, set(self._workers))
-
-
-def _inc_now(child: Any, amount: float = 1) -> None:
-    child.inc(amount)
-
-
-def _observe_now(child: Any, value: float) -> None:
-    child.observe(value)
+        return render_multiprocess(WORKER_GAUGES, set(self._workers.names))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from app.door.entry import Entry, Operation, bearer
+from app.door.entry import Operation, ParsingEntry, bearer
 from app.gateway import Gateway
 from app.openai.schema import (
     ChatCompletionRequest,
@@ -18,7 +18,7 @@ from app.openai.schema import (
 )
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
-from app.routing.keys import SESSION_HEADER
+from app.routing.routing_key import SESSION_HEADER
 from app.tenants.headers import openai_headers
 from app.tenants.tenant import PRIORITY_HEADER
 
@@ -34,13 +34,15 @@ READ = frozenset(
 )
 
 
-def _entry(route: Route, surface: Surface, name: str, body: type[BaseModel]) -> Entry:
+def _entry(route: Route, surface: Surface, name: str, body: type[BaseModel]) -> ParsingEntry:
     def parse(gw: Gateway, raw: bytes) -> ParsedRequest:
         limits, aliases = gw.settings.limits, gw.settings.model_aliases
         return parse_request(raw, route, limits=limits, aliases=aliases, surface=surface)
 
     operation = Operation(name, request_body(body), completion_responses(), (body,))
-    return Entry(route.value, READ, bearer, parse, surface, openai_headers, operation)
+    return ParsingEntry(
+        route.value, READ, bearer, openai_headers, operation, parse=parse, surface=surface
+    )
 
 
 # The OpenAI surfaces, by route: ``app.surfaces`` lists them.

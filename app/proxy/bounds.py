@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.limits.config import LimitsConfig
 
 _INT = msgspec.json.Decoder(int)
 

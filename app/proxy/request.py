@@ -9,18 +9,15 @@ bounded before any per-element object exists, so a body of many small objects co
 own size, not tens of times it. A body with a field off the allow-list is read again as spans:
 a denied field is a 400 naming it, any other is dropped.
 
-Upstream the gateway sends the client's ORIGINAL bytes with the fields it must set appended
-before the closing brace (``rid`` always; ``priority`` when the workers schedule by priority;
-``max_tokens``/``stream_options``/``return_meta_info`` when it has to). When the body held a
-field the gateway drops or replaces, the upstream body is the raw spans of the kept fields joined
-with the gateway's own: no re-serialisation either way. The per-attempt ``rid`` (and
-``priority``) is then one byte concatenation.
+What the gateway must set in the body (the served model, ``max_tokens``, ``stream_options``,
+``return_meta_info``) is decided here and spliced into the client's bytes by
+``app.proxy.upstream_body``; the per-attempt ``rid`` (and ``priority``) is then one byte
+concatenation.
 """
 
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import re
 from collections.abc import Mapping
@@ -30,8 +27,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.limits.config import LimitsConfig
 from app.media_policy import image_policy
 from app.model_names import resolve
 from app.proxy.bounds import choices, patch_max_tokens
@@ -48,7 +45,7 @@ from app.proxy.fields import (
 from app.proxy.media import check_chat_media, may_hold_media
 from app.proxy.metadata import check_raw_metadata
 from app.proxy.surface import CHAT, COMPLETIONS, Surface
-from app.tenants.config import PRIORITIES
+from app.proxy.upstream_body import PRIORITY_FIELDS, field_spans, upstream_head
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +95,7 @@ class ParsedRequest:
         tail = b'"rid":"' + rid.encode("ascii") + b'"}'
         if priority is None:
             return (*self._head, tail)
-        return (*self._head, _PRIORITY_FIELDS[priority], tail)
+        return (*self._head, PRIORITY_FIELDS[priority], tail)
 
     def upstream_body(self, rid: str, priority: int | None = None) -> bytes:
         """``upstream_parts`` joined."""
@@ -106,14 +103,12 @@ class ParsedRequest:
 
 
 _SURFACES: dict[Route, Surface] = {Route.CHAT: CHAT, Route.COMPLETIONS: COMPLETIONS}
-_PRIORITY_FIELDS = {value: b'"priority":%d,' % value for value in PRIORITIES.values()}
 _MESSAGES = msgspec.json.Decoder(list[Message])
 _TOKEN_FIELDS = {
     Route.CHAT: ("max_tokens", "max_completion_tokens"),
     Route.COMPLETIONS: ("max_tokens",),
 }
 _CHOICE_FIELDS = {Route.CHAT: ("n",), Route.COMPLETIONS: ("n", "best_of")}
-_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _UNKNOWN = "Object contains unknown field `"
 _AT = re.compile(r" - at `\$\.(\w+)(?:\[(\d+)\])?(?:\.(\w+))?`$")
 _TOKEN_IDS = re.compile(rb"\[[0-9,\s-]*\]")
@@ -206,7 +201,7 @@ def parse_request(
         user=body.user,
         conversation=conversation,
         dropped=dropped,
-        _head=_head(raw, body, spans, schema, patch),
+        _head=upstream_head(raw, body, spans, schema, patch),
         surface=surface or _SURFACES[route],
         max_tokens=max_tokens,
         prefix=prefix,
@@ -221,7 +216,7 @@ def _reread(raw: bytes, schema: Schema) -> tuple[Any, Any]:
     for name in schema.denied:
         if getattr(spans, name):
             raise _fail(f"{name}: not accepted by this gateway", name)
-    kept = _spans(spans, schema, {})
+    kept = field_spans(spans, schema, {})
     if kept:
         kept[0] = b"{" + kept[0][1:]
     return spans, _decode(schema.typed, b"".join(kept) + b"}" if kept else b"{}")
@@ -361,53 +356,3 @@ def _usage_options(options: StreamOptions | None) -> bytes:
         return b'{"include_usage":true}'
     stats = bytes(options.continuous_usage_stats)
     return b'{"include_usage":true,"continuous_usage_stats":' + stats + b"}"
-
-
-def _head(
-    raw: bytes, body: Any, spans: Any, schema: Schema, patch: dict[str, bytes]
-) -> tuple[memoryview | bytes, ...]:
-    """Upstream body up to where ``"rid":"..."}`` goes (ends with ``{`` or ``,``)."""
-    tail = b"".join([b'"%s":%s,' % (name.encode(), value) for name, value in patch.items()])
-    if spans is None and all(_missing(getattr(body, name)) for name in patch):
-        # Common case: the client's bytes, untouched, with the new fields appended.
-        end = len(raw) - 1 if raw[-1] == 125 else raw.rfind(b"}")  # 125: "}"
-        while raw[end - 1] in b" \t\r\n":
-            end -= 1
-        separator = b"" if raw[end - 1] == ord("{") else b","
-        return (memoryview(raw)[:end], separator + tail)
-    # The client's fields as it wrote them (those the gateway keeps), then the gateway's own.
-    # Every key of a body ``schema.typed`` read is an allowed name: a dict of them stays small
-    # (a repeated key replaces its value).
-    parts = _spans(spans, schema, patch) if spans else _items(_FIELDS.decode(raw), schema, patch)
-    if parts:
-        parts[0] = b"{" + parts[0][1:]  # the first key, without its comma
-        parts.append(b",")
-    else:
-        parts.append(b"{")
-    parts.append(tail)
-    return tuple(parts)
-
-
-def _items(body: dict[str, msgspec.Raw], schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:
-    """``,"name":value`` for each field of ``body`` (all allowed names) not in ``skip``."""
-    key_of = schema.key_of
-    parts: list[Any] = []
-    for name, value in body.items():
-        if name not in skip:
-            parts += (key_of[name], value)
-    return parts
-
-
-def _missing(value: Any) -> bool:
-    """A field the client left out (defaults are never copies: identity tells)."""
-    return value is msgspec.UNSET or value is ABSENT
-
-
-def _spans(spans: Any, schema: Schema, skip: Mapping[str, bytes]) -> list[Any]:
-    """``,"name":value`` for each field present in ``spans`` and not in ``skip``."""
-    parts: list[Any] = []
-    values = msgspec.structs.astuple(spans)
-    for i in itertools.compress(range(len(values)), map(len, values)):
-        if schema.names[i] not in skip:
-            parts += (schema.keys[i], values[i])
-    return parts

@@ -29,10 +29,10 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from app.config import TimeoutConfig
 from app.outcomes import Outcome
 from app.proxy.attempt import Attempt
 from app.proxy.cancel import CancelScope
+from app.proxy.config import TimeoutConfig
 from app.proxy.downstream import Clock, Downstream, Message, Receive
 
 log = logging.getLogger(__name__)

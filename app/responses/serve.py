@@ -20,14 +20,14 @@ from typing import Any
 import orjson
 
 from app.door.checks import check_model
-from app.door.entry import Entry, Operation, bearer
+from app.door.entry import LoadingEntry, Operation, bearer
 from app.errors import GatewayError, InvalidRequest
 from app.gateway import Gateway
 from app.openai.schema import completion_responses
 from app.openai.serve import READ
 from app.proxy.request import ParsedRequest, Route, parse_request
 from app.proxy.surface import OPENAI, ErrorShape, TranslatedSurface
-from app.response_store import ResponseStore, fetch
+from app.response_store.backends import ResponseStore, fetch
 from app.responses.references import has_references, request_items, resolve
 from app.responses.request import load, translate
 from app.responses.response import Context, assistant_turn, to_response
@@ -178,35 +178,22 @@ async def _load(gw: Gateway, raw: bytes, key: str | None) -> ParsedRequest:
     return parse_request(chat, Route.CHAT, limits=limits, aliases=aliases, surface=surface)
 
 
-class DoorSurface(TranslatedSurface):
-    """The entry's surface: only its error shape is used (OpenAI's, for refusals before the body
-    is read); each request then runs with a ``ResponsesSurface`` of its own (``_load``)."""
-
-    shape: ErrorShape = OPENAI
-
-    def observer(self, request: ParsedRequest, *, expose: bool) -> ResponsesStream:
-        raise AssertionError("a Responses request runs with its own surface")
-
-
-def _parse(gw: Gateway, raw: bytes) -> ParsedRequest:
-    raise AssertionError("the Responses entry is loaded (awaited), never parsed")
-
-
 _BODY = {
     "requestBody": {
         "required": True,
         "content": {"application/json": {"schema": {"type": "object"}}},
     }
 }
-ENTRY = Entry(
+# Loaded, not parsed: the body may continue a stored conversation. Refused in OpenAI's shape
+# until the request has a ``ResponsesSurface`` of its own (``_load``).
+ENTRY = LoadingEntry(
     RESPONSES_ROUTE,
     READ,
     bearer,
-    _parse,
-    DoorSurface(),
     openai_headers,
     Operation("responses", _BODY, completion_responses()),
     load=_load,
+    shape=OPENAI,
     model_hint=MODEL_HINT,
 )
 # The Responses surface, by path: ``app.surfaces`` lists it.

@@ -9,13 +9,13 @@ per verify step, exact or estimated, one sample per answered request) falls belo
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from app.sections import Section
 
 
-class RoutingConfig(BaseModel):
+class RoutingConfig(Section):
     """Acceptance-collapse detection: a worker whose acceptance length fell far below its peers'."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # A worker is collapsed when its acceptance-length EWMA is below this x its peers' median.
     collapse_ratio: float = Field(0.6, gt=0, lt=1)

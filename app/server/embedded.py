@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from app.config import EmbeddedConfig
+from app.server.config import EmbeddedConfig
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"

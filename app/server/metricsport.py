@@ -19,7 +19,7 @@ import uvicorn
 
 from app.accesslog import AccessRecord
 from app.api.ops import exposition
-from app.door.keys import ops_key_of
+from app.door.api_keys import ops_key_of
 from app.door.reject import NO_MODEL, REJECTED
 from app.door.request_id import client_request_id_of, echo_id_of, request_id_of
 from app.errors import GatewayError, MethodNotAllowed, NotFound

@@ -21,17 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from app.sections import Section
 
 PriorityName = Literal["low", "normal", "high"]
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TenantPolicy(_Section):
+class TenantPolicy(Section):
     # Share of worker slots against the other keys waiting in the same priority class.
     weight: float = Field(1.0, gt=0, le=1000)
     # The class of a request without X-Priority.
@@ -55,7 +53,7 @@ class TenantPolicy(_Section):
         return self
 
 
-class TenantsConfig(_Section):
+class TenantsConfig(Section):
     """Per-API-key policy (by key name): fair-share weight, priority classes, token quotas, and
     the usage log."""
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from app.limits import Budget
+from app.limits.per_key import Budget
 
 Headers = list[tuple[bytes, bytes]]
 # Every name, for CORS's expose list (browsers show scripts no other response header).

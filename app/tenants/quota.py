@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.config import LimitsConfig
-from app.limits import Budget, StoreErrors, redis_store
+from app.limits.config import LimitsConfig
+from app.limits.per_key import Budget, StoreErrors, redis_store
 from app.tenants.config import TenantPolicy, TenantsConfig
 from app.tenants.headers import duration
 

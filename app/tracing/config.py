@@ -21,7 +21,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from app.sections import Section
 
 INSTALL_HINT = "pip install 'dflash-gateway[otel]'"
 
@@ -40,11 +42,9 @@ def sdk_missing() -> str | None:
     return None
 
 
-class TracingConfig(BaseModel):
+class TracingConfig(Section):
     """OpenTelemetry traces of the completion requests, exported over OTLP/HTTP (off by
     default; needs ``pip install 'dflash-gateway[otel]'``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Record a trace of every completion request.
     enabled: bool = False

@@ -35,7 +35,7 @@ from app.upstream.http1 import Http1Client, Http1Response
 from app.upstream.usage import reported_count
 
 
-class Worker(Protocol):
+class WorkerAddress(Protocol):
     """What the client needs of a worker (``app.workers.worker.Worker`` is one): where it
     listens, and the name its errors use."""
 
@@ -75,7 +75,7 @@ class UpstreamClient:
 
     async def open(
         self,
-        worker: Worker,
+        worker: WorkerAddress,
         path: str,
         body: bytes | Sequence[bytes | memoryview],
         headers: list[tuple[bytes, bytes]],
@@ -136,7 +136,7 @@ class UpstreamClient:
             target = self._targets[url] = (parts.hostname, parts.port or 80, head)
         return target
 
-    async def abort(self, worker: Worker, rid: str) -> bool:
+    async def abort(self, worker: WorkerAddress, rid: str) -> bool:
         """Best effort ``POST /abort_request``; True when the worker answered 2xx."""
         try:
             status, _ = await self._call(
@@ -146,7 +146,7 @@ class UpstreamClient:
             return False
         return 200 <= status < 300
 
-    async def prompt_tokens(self, worker: Worker, body: bytes) -> int | None:
+    async def prompt_tokens(self, worker: WorkerAddress, body: bytes) -> int | None:
         """The prompt tokens of the chat request ``body`` as ``worker`` counts them
         (SGLang's ``POST /v1/tokenize`` with its fields: ``count``); None when it cannot say."""
         try:
@@ -156,7 +156,7 @@ class UpstreamClient:
             return None
         return reported_count(count)
 
-    async def get(self, worker: Worker, path: str, timeout: float) -> tuple[int, Any]:  # noqa: ASYNC109
+    async def get(self, worker: WorkerAddress, path: str, timeout: float) -> tuple[int, Any]:  # noqa: ASYNC109
         """GET a small JSON (or empty) document; (status, parsed body or None)."""
         status, content = await self._call(worker, "GET", path, None, timeout)
         data: Any = None
@@ -169,7 +169,7 @@ class UpstreamClient:
 
     async def fetch(
         self,
-        worker: Worker,
+        worker: WorkerAddress,
         path: str,
         timeout: float,  # noqa: ASYNC109
         limit: int = _MAX_CONTROL_BODY,
@@ -179,7 +179,7 @@ class UpstreamClient:
 
     async def _call(
         self,
-        worker: Worker,
+        worker: WorkerAddress,
         method: str,
         path: str,
         body: bytes | None,
@@ -229,7 +229,9 @@ async def _read_capped(response: UpstreamResponse) -> bytes:
     return b"".join(parts)[:_MAX_ERROR_BODY]
 
 
-def map_transport_error(exc: TransportError, worker: Worker, *, committed: bool) -> UpstreamError:
+def map_transport_error(
+    exc: TransportError, worker: WorkerAddress, *, committed: bool
+) -> UpstreamError:
     """``app.upstream.errors`` in the gateway's terms. Before the commit point a dropped
     connection is retryable; after it the stream is broken."""
     name = worker.name

@@ -28,10 +28,10 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from app.config import AdmissionConfig
 from app.errors import ServiceUnavailable
 from app.tenants.config import PRIORITIES
 from app.tenants.tenant import Tenant
+from app.workers.config import AdmissionConfig
 from app.workers.fairqueue import FairQueue, Waiter
 from app.workers.worker import Worker
 

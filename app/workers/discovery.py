@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from app.config import DiscoveryConfig, PDConfig
+from app.workers.config import DiscoveryConfig, PDConfig
 from app.workers.worker import Role, stable_name
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.config import HealthConfig, WorkersConfig
 from app.errors import UpstreamError
 from app.upstream.client import UpstreamClient
+from app.workers.config import HealthConfig, WorkersConfig
 from app.workers.engines import MAX_COUNT, Engine, detect, make_engine, parse_loads
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker, WorkerState

@@ -10,25 +10,13 @@ per second against its ``max_total_num_tokens``) and whether the events arrive a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
+from app.metrics import Metrics
 from app.workers.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 
-class KvEventRecorder(Protocol):
-    def record_kv_events(
-        self,
-        worker: str,
-        *,
-        stored: tuple[int, int] = (0, 0),
-        removed: tuple[int, int] = (0, 0),
-        clears: int = 0,
-        gap: bool = False,
-    ) -> None: ...
-
-
 class KvEventCounters:
-    def __init__(self, recorder: KvEventRecorder, name_of: Callable[[str], str | None]) -> None:
+    def __init__(self, recorder: Metrics, name_of: Callable[[str], str | None]) -> None:
         """``name_of``: a worker URL's name in the pool (None: no longer a member)."""
         self._recorder = recorder
         self._name_of = name_of

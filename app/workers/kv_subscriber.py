@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from app.config import KvEventsConfig
+from app.workers.config import KvEventsConfig
 from app.workers.kv_events import BadBatch, KvEventSink, decode_batch, sequence_number
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from app.config import BreakerConfig
 from app.workers.breaker import CircuitBreaker
+from app.workers.config import BreakerConfig
 from app.workers.engines import split_engine_url
 from app.workers.worker import Role, Worker, WorkerState
 

@@ -25,7 +25,7 @@ def test_the_table_lists_every_api_and_chat_is_a_peer_surface() -> None:
 
 
 def test_refusal_shape_follows_the_target() -> None:
-    anthropic = BY_PATH["/v1/messages"].surface.shape
+    anthropic = BY_PATH["/v1/messages"].shape
     assert anthropic is not OPENAI
     assert shape_of(b"/v1/messages?beta=true") is anthropic
     assert shape_of(b"/v1/messages/count_tokens") is anthropic
@@ -47,7 +47,7 @@ async def test_every_route_is_served_declared_and_counted() -> None:
         assert f'route="{entry.route}"' in metrics
         ex = answers[entry.route]
         assert ex.status == 415  # the door ran, not FastAPI's 404
-        expected = orjson.loads(entry.surface.shape.error_json(UnsupportedMediaType("x")))
+        expected = orjson.loads(entry.shape.error_json(UnsupportedMediaType("x")))
         assert set(ex.json()) == set(expected)
 
 

@@ -125,7 +125,7 @@ def test_client_keys_are_a_reloadable_keys_file(render: Callable[..., Manifests]
     the pod) and named by the settings' auth.keys_file; never in env or the ConfigMap."""
     import base64
 
-    from app.auth import parse_entries
+    from app.auth.keystore import parse_entries
 
     m = render("external-workers")
     c = container(m.gateway, "gateway")

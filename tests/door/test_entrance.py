@@ -5,14 +5,17 @@ under its production server stack, with scripted workers on loopback."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
-from app.door.entrance import checks
+from app.door.entrance import Checks, checks
 from app.door.visit import Visit
 from app.errors import InvalidRequest
 from app.gateway import Gateway
+from app.proxy.job import Job
+from app.proxy.request import ParsedRequest
 from tests.support.gateway import MODEL, FakeWorker, GatewayHarness, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -51,19 +54,21 @@ class Probe:
         self.taken += 1
         visit.hold(self)
 
-    def release(self, visit: Visit) -> None:
+    def release(self, visit: Visit, job: Job | None) -> None:
         self.released += 1
-        job = visit.job
         self.ended_first.append(job is None or job.record.duration_ms is not None)
 
 
-def with_probe(probe: Probe, before: str) -> Any:
-    """The gateway's checks with ``probe`` just before the check named ``before``: one line."""
+def with_probe(probe: Probe, before: str | None = None) -> Any:
+    """The gateway's checks with ``probe`` just before the check named ``before`` (None: the last
+    before the body is read): one line."""
 
-    def build(gw: Gateway) -> list[Any]:
+    def build(gw: Gateway) -> Checks:
         found = checks(gw)
-        at = [type(check).__name__ for check in found].index(before)
-        return [*found[:at], probe, *found[at:]]
+        names = [type(check).__name__ for check in found.before_body]
+        at = len(names) if before is None else names.index(before)
+        before_body = (*found.before_body[:at], probe, *found.before_body[at:])
+        return replace(found, before_body=before_body)
 
     return build
 
@@ -74,13 +79,16 @@ def error_of(ex: Any) -> dict[str, Any]:
 
 
 async def test_the_checks_are_built_once_from_the_configuration() -> None:
+    def names(found: Checks) -> tuple[list[str], list[str]]:
+        before, after = found.before_body, found.after_parse
+        return [type(c).__name__ for c in before], [type(c).__name__ for c in after]
+
     async with GatewayHarness([FakeWorker()]) as gw:
-        open_door = [type(check).__name__ for check in gw.app.door.checks]
+        open_door = names(gw.app.door.checks)
     async with GatewayHarness([FakeWorker()], **keyed()) as gw:
-        keyed_door = [type(check).__name__ for check in gw.app.door.checks]
-    common = ["MediaType", "Body", "Parse", "Accepting", "Model"]
-    assert open_door == ["RequestId", "Headers", "Tenancy", *common]
-    assert keyed_door == ["RequestId", "Headers", "Key", "Tenancy", "KeyLimits", *common]
+        keyed_door = names(gw.app.door.checks)
+    assert open_door == (["MediaType"], ["Accepting", "Model"])
+    assert keyed_door == (["KeyLimits", "MediaType"], ["Accepting", "Model"])
 
 
 async def raw_status(gw: GatewayHarness, head: bytes, body: bytes) -> int:
@@ -161,7 +169,7 @@ async def test_a_lease_follows_a_streamed_response_to_its_end() -> None:
     probe = Probe()
     worker = FakeWorker(hold_after=2)
     async with GatewayHarness(
-        [worker], door_checks=with_probe(probe, "Body"), **keyed(limits=ONE_AT_A_TIME)
+        [worker], door_checks=with_probe(probe), **keyed(limits=ONE_AT_A_TIME)
     ) as gw:
         chunks: list[bytes] = []
         stream = asyncio.ensure_future(
@@ -188,7 +196,7 @@ async def test_a_lease_is_released_when_the_client_leaves_a_stream() -> None:
     probe = Probe()
     worker = FakeWorker(hold_after=2)
     async with GatewayHarness(
-        [worker], door_checks=with_probe(probe, "Body"), **keyed(limits=ONE_AT_A_TIME)
+        [worker], door_checks=with_probe(probe), **keyed(limits=ONE_AT_A_TIME)
     ) as gw:
         gone = asyncio.Event()
 
@@ -207,17 +215,17 @@ async def test_a_lease_is_released_when_the_client_leaves_a_stream() -> None:
 class NoStreams:
     """An admission rule of the kind an operator adds: no streamed answers here."""
 
-    def check(self, visit: Visit) -> None:
-        assert visit.parsed is not None
-        if visit.parsed.stream:
+    def check(self, visit: Visit, request: ParsedRequest) -> None:
+        if request.stream:
             raise InvalidRequest("streamed answers are off on this gateway", param="stream")
 
 
 async def test_a_check_added_in_one_line_applies_to_every_surface() -> None:
     worker = FakeWorker()
 
-    def build(gw: Gateway) -> list[Any]:
-        return [*checks(gw), NoStreams()]
+    def build(gw: Gateway) -> Checks:
+        found = checks(gw)
+        return replace(found, after_parse=(*found.after_parse, NoStreams()))
 
     async with GatewayHarness([worker], door_checks=build) as gw:
         openai = await gw.post(CHAT, chat(stream=True))

@@ -408,8 +408,8 @@ def test_loads_give_the_prefill_queue_and_the_transfer_queues() -> None:
 
 
 def test_fleet_saturation_counts_the_decode_pool_only() -> None:
-    from app.config import AdmissionConfig
     from app.workers.admission import Admission
+    from app.workers.config import AdmissionConfig
 
     prefill = _worker("p", "prefill", running=40, max_running_requests=48)
     decode = _worker("d", "decode", running=12, max_running_requests=48)

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from app.config import LimitsConfig
 from app.errors import InvalidRequest
+from app.limits.config import LimitsConfig
 from app.proxy.fields import DENIED
 from app.proxy.request import ParsedRequest, Route, parse_request
 

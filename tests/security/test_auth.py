@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.auth import KeyEntryError, KeyStore, bearer_token, parse_entry
+from app.auth.keystore import KeyEntryError, KeyStore, bearer_token, parse_entry
 from app.config import ConfigError, load_settings
 
 ABC = "sk-abc-0123456789abcdef"

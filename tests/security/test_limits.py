@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from app.config import LimitsConfig
 from app.errors import RateLimited
-from app.limits import (
+from app.limits.config import LimitsConfig
+from app.limits.per_key import (
     Budget,
     KeyLimits,
     LocalLimiter,
@@ -167,7 +167,7 @@ async def test_store_errors_are_counted_each_and_logged_once_a_while(
 
 _HOLDER = """
 import asyncio, sys
-from app.limits import KeyLimits, RedisLimiter
+from app.limits.per_key import KeyLimits, RedisLimiter
 
 async def main():
     limiter = RedisLimiter(sys.argv[1], KeyLimits(max_concurrent=2), lease_ttl_s=1.0)

@@ -465,7 +465,7 @@ class GatewayHarness:
             "clock": clock,
             "rng": rng,
             "span_exporter": span_exporter,
-            "door_checks": door_checks,  # the door's list of checks (app.door.entrance.checks)
+            "door_checks": door_checks,  # the door's checks (app.door.entrance.checks)
         }
         self.lanes_offered = 0  # requests the server offered the direct lane
         self.lane_writes = 0  # stream chunks the relay wrote through it

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.limits import Budget
+from app.limits.per_key import Budget
 from app.tenants.headers import anthropic_headers, duration, openai_headers
 
 

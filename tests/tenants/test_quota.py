@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from app.config import LimitsConfig
+from app.limits.config import LimitsConfig
 from app.tenants.config import TenantPolicy, TenantsConfig
 from app.tenants.quota import LocalStore, RedisStore, TokenQuotas, make_quotas
 from tests.support.procs import free_port

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import AdmissionConfig
 from app.routing.config import RoutingConfig
 from app.workers.acceptance import CollapseDetector
 from app.workers.admission import Admission
+from app.workers.config import AdmissionConfig
 from app.workers.worker import Worker, WorkerLoad, WorkerState
 
 

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from app.config import AdmissionConfig
 from app.errors import ServiceUnavailable
 from app.workers.admission import Admission
+from app.workers.config import AdmissionConfig
 from app.workers.health import parse_loads
 from app.workers.worker import Worker, WorkerLoad, WorkerState
 

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from app.background import Backoff, supervise
-from app.config import HealthConfig, Settings
+from app.config import Settings
 from app.metrics import Metrics
 from app.upstream.client import UpstreamClient
+from app.workers.config import HealthConfig
 from app.workers.health import HealthChecker
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker, WorkerState

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import DiscoveryConfig
+from app.workers.config import DiscoveryConfig
 from app.workers.discovery import (
     DnsDiscovery,
     Endpoint,
@@ -222,7 +222,7 @@ class RoleResolver(FakeResolver):
 
 
 async def test_pd_dns_publishes_each_pools_workers_with_their_roles() -> None:
-    from app.config import PDConfig
+    from app.workers.config import PDConfig
 
     resolver = RoleResolver()
     resolver.by_host = {"prefill": ["10.0.0.5"], "decode": ["10.0.1.5", "10.0.1.6"]}
@@ -297,7 +297,7 @@ def _roles(seen: Snapshots) -> set[tuple[str, str, str, int | None]]:
 async def test_pd_endpointslices_give_each_pool_its_role_and_bootstrap_port(
     kube: FakeKubeApi, tmp_path: Path
 ) -> None:
-    from app.config import PDConfig
+    from app.workers.config import PDConfig
 
     await kube.put(
         endpoint_slice(
@@ -353,7 +353,7 @@ async def test_pd_endpointslices_give_each_pool_its_role_and_bootstrap_port(
 
 
 async def test_pd_pod_leaving_its_slice_leaves_its_pool(kube: FakeKubeApi, tmp_path: Path) -> None:
-    from app.config import PDConfig
+    from app.workers.config import PDConfig
     from app.workers.pool import WorkerPool
 
     await kube.put(
@@ -431,7 +431,7 @@ async def test_pd_pod_leaving_its_slice_leaves_its_pool(kube: FakeKubeApi, tmp_p
 async def test_pd_pools_never_mix(kube: FakeKubeApi, tmp_path: Path) -> None:
     """A pod both selectors find (its role label changed while the old slice still lists it)
     joins neither pool until it is in one; a decode slice's bootstrap port is never read."""
-    from app.config import PDConfig
+    from app.workers.config import PDConfig
 
     await kube.put(
         endpoint_slice(

@@ -9,11 +9,11 @@ import gc
 
 import pytest
 
-from app.config import AdmissionConfig
 from app.errors import ServiceUnavailable
 from app.tenants.config import TenantPolicy, TenantsConfig
 from app.tenants.tenant import Tenant, Tenants
 from app.workers.admission import Admission
+from app.workers.config import AdmissionConfig
 from app.workers.fairqueue import FairQueue, Waiter
 from app.workers.worker import Worker, WorkerState
 

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.config import HealthConfig, Settings
+from app.config import Settings
 from app.upstream.client import UpstreamClient
+from app.workers.config import HealthConfig
 from app.workers.health import HealthChecker
 from app.workers.pool import WorkerPool
 from app.workers.worker import WorkerState

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import zmq
 
-from app.config import KvEventsConfig
+from app.workers.config import KvEventsConfig
 from app.workers.kv_events import (
     AllBlocksCleared,
     BadBatch,

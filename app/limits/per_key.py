@@ -28,8 +28,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.config import LimitsConfig
 from app.errors import RateLimited
+from app.limits.config import LimitsConfig
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.auth import bearer_token
+from app.auth.keystore import bearer_token
 from app.errors import AuthenticationFailed
 from app.gateway import Gateway
 from app.proxy.headers import single

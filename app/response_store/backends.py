@@ -1,7 +1,7 @@
 """Stored responses: what ``previous_response_id`` continues and ``GET``/``DELETE
 /v1/responses/{id}`` read.
 
-``responses.store`` (``app.config.ResponsesConfig``) picks the backend:
+``responses.store`` (``app.response_store.config.ResponsesConfig``) picks the backend:
 
 - ``none`` (the default): stateless. ``store: true`` (the API's default) is a hint and nothing is
   kept; ``previous_response_id`` is a 400 and ``GET``/``DELETE`` a 404.
@@ -38,8 +38,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.config import ResponsesConfig
-from app.limits import StoreErrors, redis_store
+from app.limits.per_key import StoreErrors, redis_store
+from app.response_store.config import ResponsesConfig
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]

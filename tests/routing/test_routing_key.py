@@ -4,9 +4,9 @@ from typing import Any
 
 import orjson
 
-from app.config import LimitsConfig
+from app.limits.config import LimitsConfig
 from app.proxy.request import Route, parse_request
-from app.routing.keys import routing_key
+from app.routing.routing_key import routing_key
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
