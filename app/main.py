@@ -31,13 +31,14 @@ from app.config import Settings
 from app.door.entrance import BuildChecks, Door, checks
 from app.door.request_id import RequestIdMiddleware
 from app.gateway import Gateway
-from app.limits.per_key import make_limiter
+from app.limits.per_key import make_limiter, redis_store
 from app.metrics import Metrics
 from app.proxy.forward import Proxy
 from app.proxy.headers import forwarded
 from app.response_store.backends import make_store
 from app.routing.cache_aware import CacheAware
 from app.routing.policies import make_policy
+from app.routing.shared_homes import SessionHomes
 from app.surfaces import BY_PATH, ROUTES, SURFACES
 from app.tenants.headers import RATE_LIMIT_HEADERS
 from app.tenants.quota import make_quotas
@@ -153,6 +154,15 @@ def create_app(
             sinks.append(proxy.learns.index)
         kv_subscriber = KvEventSubscriber(settings.kv_events, KvEventSinks(sinks))
 
+    # cache_aware with replicas: where each session's history lives, shared through the Redis
+    # the limits use (docs/routing.md).
+    homes: SessionHomes | None = None
+    if isinstance(proxy.learns, CacheAware) and settings.limits.redis_url:
+        store, errors = redis_store(settings.limits.redis_url, timeout_s=0.5)
+        homes = proxy.learns.homes = SessionHomes(
+            store, errors, on_error=lambda: metrics.record_limit_store_error("session_homes")
+        )
+
     def publish_keys() -> None:
         for name in keys.names():
             metrics.add_key(name)
@@ -209,6 +219,8 @@ def create_app(
                     await task
             await proxy.aclose()
             await client.aclose()
+            if homes is not None:
+                await homes.aclose()
             if limiter is not None:
                 await limiter.close()
             if quota is not None:

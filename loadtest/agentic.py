@@ -9,7 +9,9 @@ and ``pressure`` (``--pressure-sessions`` 96: ~3.3M).
 
 Each target gets fresh emulated workers (``--workers`` 3, ``--speed`` 2, ``--cache-tokens`` 1M
 when the emulator takes ``--max-total-tokens``) and the same trace: the gateway with each policy
-of ``--policies``, the gateway with ``--replicas`` processes (each request to a random one), and
+of ``--policies``, the gateway with ``--replicas`` processes (each request to a random one;
+they share one redis-server, when installed, as a deployment's replicas share their limits
+and cache_aware's session homes), and
 sglang-router 0.3.2 with its ``cache_aware`` policy (``--router``; ``pip install
 sglang-router==0.3.2``). Per target: the hit rate (sum of cached_tokens / sum of prompt_tokens
 from the workers' own usage, the emulators' ground truth), TTFT p50/p90/p99 (streams), the
@@ -28,6 +30,7 @@ import asyncio
 import json
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -242,12 +245,33 @@ def _gateways(
     for emulator in emulators:
         argv += ["--worker-url", emulator.url]
     env = {"DFLASH_GATEWAY_LOG_LEVEL": "warning"}
+    redis = shutil.which("redis-server")
+    if count > 1 and redis:  # replicas share their session homes (and limits) as deployed
+        store = procs.start(
+            [redis, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            name=f"redis-{tag}",
+            ready_path=None,
+        )
+        _listening(store.port)
+        env["DFLASH_GATEWAY_LIMITS__REDIS_URL"] = f"redis://127.0.0.1:{store.port}/0"
     return [
         procs.start(
             argv, name=f"gateway-{tag}-{i}", ready_path="/readyz", ready_status=200, env=env
         )
         for i in range(count)
     ]
+
+
+def _listening(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _router(procs: ProcessManager, emulators: list[ManagedProcess], tag: str) -> ManagedProcess:

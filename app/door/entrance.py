@@ -119,15 +119,15 @@ class Door:
         started = proxy.now()
         request_id = request_id_of(scope)
         tracer = self._tracer
-        trace = None
-        if tracer is not None:
-            trace = tracer.begin(scope["headers"], entry.route, request_id, started)
         # What a refusal names, as far as the request got.
+        trace: RequestTrace | None = None
         key: str | None = None
         visit: Visit | None = None
         request: ParsedRequest | None = None
         raw = b""
         try:
+            if tracer is not None:
+                trace = tracer.begin(scope["headers"], entry.route, request_id, started)
             read, forwarded = client_headers(scope["headers"], entry.read, self._forward)
             if self._keyed:
                 key = key_name(entry.credential(read), gw, entry.key_texts(read))
@@ -159,6 +159,9 @@ class Door:
         job: Job | None = None
         try:
             job = self._job(visit, request)
+            learns = proxy.learns
+            if learns is not None and (reading := learns.recall(job.ctx)) is not None:
+                await reading  # where the replicas last sent this session (cache_aware)
             await proxy.run(job, receive, send, direct_body(scope))
         finally:
             if visit.leases is not None:

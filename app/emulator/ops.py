@@ -105,8 +105,8 @@ async def server_info(worker: EmulatedWorker, scope: Scope, receive: Receive, se
     state = {
         "avg_spec_accept_length": worker.avg_accept_length,
         "last_gen_throughput": worker.window.throughput,
-        "num_running_reqs": worker.scheduler.running,
-        "num_waiting_reqs": worker.scheduler.waiting,
+        "num_running_reqs": worker.running,
+        "num_waiting_reqs": worker.waiting,
         "effective_max_running_requests_per_dp": c.max_running_requests,
         "memory_usage": {"token_capacity": c.max_total_tokens, "token_capacity_swa": None},
     }
@@ -163,8 +163,8 @@ async def loads(worker: EmulatedWorker, scope: Scope, receive: Receive, send: Se
     load: dict[str, Any] = {
         "timestamp": worker.clock.time(),
         "dp_rank": 0,
-        "num_running_reqs": s.running,
-        "num_waiting_reqs": s.waiting,
+        "num_running_reqs": worker.running,
+        "num_waiting_reqs": worker.waiting,
         "num_waiting_uncached_tokens": worker.prefill.waiting_tokens,
         "num_used_tokens": used,
         "num_total_tokens": used,

@@ -45,6 +45,7 @@ class PrefillBatcher:
         self._waiting: deque[tuple[int, Callable[[], int], asyncio.Future[None]]] = deque()
         self._task: asyncio.Task[None] | None = None
         self.waiting_tokens = 0  # new tokens queued for a pass, not yet running
+        self.requests = 0  # prompts queued or in the pass running now: not decoding yet
 
     async def prefill(self, tokens: int, start: Callable[[], int] | None = None) -> None:
         """Return once a forward pass has prefilled this prompt's new tokens: ``tokens`` while
@@ -55,7 +56,11 @@ class PrefillBatcher:
         self.waiting_tokens += tokens
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._passes())
-        await done
+        self.requests += 1
+        try:
+            await done
+        finally:
+            self.requests -= 1
 
     async def _passes(self) -> None:
         waiting = self._waiting

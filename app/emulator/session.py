@@ -186,7 +186,7 @@ class Session:
             if self.active.aborted:
                 self.gen.abort()
                 return
-            step_s = w.timing.step_s(w.scheduler.running, self._step_factor) if self.verifies else 0
+            step_s = w.timing.step_s(w.running, self._step_factor) if self.verifies else 0
             self.decode_s += step_s
             await asyncio.sleep(step_s)
             if self.active.aborted:

@@ -179,6 +179,17 @@ class EmulatedWorker:
         self.window.add(tokens, steps)
 
     @property
+    def running(self) -> int:
+        """Requests in the decode batch (SGLang's ``num_running_reqs``): holding a slot and
+        past their prefill."""
+        return self.scheduler.running - self.prefill.requests
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting (``num_waiting_reqs``): for a slot, or for their prefill pass."""
+        return self.scheduler.waiting + self.prefill.requests
+
+    @property
     def avg_accept_length(self) -> float:
         return self.total_tokens / self.total_steps if self.total_steps else 0.0
 
@@ -188,8 +199,8 @@ class EmulatedWorker:
         self.metrics.refresh(
             gen_throughput=self.window.throughput,
             accept_length=self.window.accept_length,
-            running=s.running,
-            waiting=s.waiting,
+            running=self.running,
+            waiting=self.waiting,
             max_running=s.max_running,
             used_tokens=self.running_tokens,
             max_total_tokens=self.config.max_total_tokens,

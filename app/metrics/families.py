@@ -43,7 +43,7 @@ BACKGROUND_TASKS = ("discovery", "health", "loads", "metrics", "keys", "usage", 
 # events reported (``app.workers.kv_events``).
 KV_EVENT_KINDS = ("stored", "removed")
 # What a shared limit store (Redis) holds: request rate + concurrency limits, token quotas.
-LIMIT_STORES = ("requests", "tokens")
+LIMIT_STORES = ("requests", "tokens", "session_homes")
 
 # Accept lengths are 1..8 (block size 8): quarter steps. TTFT covers minutes of prefill/queueing.
 ACCEPT_LENGTH_BUCKETS = tuple(1 + 0.25 * i for i in range(29))
@@ -360,7 +360,8 @@ class Families:
         self.limit_store_errors = counter(
             "limit_store_errors",
             "Calls to the shared limit store (Redis) that failed; the request was let through "
-            "unlimited (fail open), by limit",
+            "unlimited (fail open), by limit (session_homes: cache_aware's shared session "
+            "homes, routed on the replica's own index instead)",
             ("limit",),
         )
         self.usage_log_dropped = counter(

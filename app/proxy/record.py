@@ -108,6 +108,9 @@ class Recorder:
             self._record(job, end)
         except Exception:  # a bug in the metrics must not cost the access record too
             log.exception("request %s: metrics not recorded", job.request_id)
+        finally:
+            if self._learns is not None:
+                self._learns.released(job.ctx)
         self._access.emit(record)
 
     @staticmethod

@@ -28,10 +28,12 @@ is hashed before it, when the request is parsed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from app.routing.cache_index import PrefixIndex
 from app.routing.policies import _MASK64, _MIX, RoutingContext, _hash64
+from app.routing.prefix import PrefixBlocks
+from app.routing.shared_homes import SessionHomes
 from app.upstream.usage import Usage
 from app.workers.worker import Worker
 
@@ -49,18 +51,27 @@ class CacheAware:
         balance: float = 1.1,
         min_bound: int = 2,
         min_gain: float = 0.5,
+        long_prompt: int = 2048,
+        stay: float = 1.0,
         index: PrefixIndex | None = None,
+        homes: SessionHomes | None = None,
         on_decision: Callable[[str], None] | None = None,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be >= 1")
         self._load_factor = load_factor
         self._min_gain = min_gain
+        self._long = long_prompt  # prompt tokens past the lead worth routing by prefill
+        self._stay = stay  # how much more busy a history's worker may be, in its prefills
         self._balance = balance
         self._min_bound = min_bound
         self.index = index or PrefixIndex()
+        self.homes = homes  # shared by the replicas (Redis), when configured
         self._name_hashes: dict[str, int] = {}
         self._on_decision = on_decision
+        # Per worker: the prompt tokens it has still to prefill for this gateway's requests in
+        # flight there (each one's estimate at its pick, given back when it ends).
+        self._pending: dict[str, int] = {}
 
     def pick(self, ctx: RoutingContext, workers: Sequence[Worker]) -> Worker:
         blocks = ctx.prefix
@@ -74,10 +85,58 @@ class CacheAware:
             index = self.index
             if index.workers > 4 * len(workers) + 64:
                 index.retain(w.name for w in workers)  # forget workers that left long ago
+                pending = self._pending
+                for name in [n for n in pending if n not in index.held_map]:
+                    del pending[name]
+            self._release(blocks)  # a retry or a continuation: the last pick is over
             index.set_capacity(worker.name, worker.url, worker.load.max_total_num_tokens)
-            blocks.picked = (worker.name, index.held_tokens(worker.name, blocks))
+            held = index.held_tokens(worker.name, blocks)
+            blocks.picked = (worker.name, held)
+            self._pending[worker.name] = self._pending.get(worker.name, 0) + self._uncached(
+                blocks, held
+            )
             index.record(worker.name, blocks)
+            key, homes, name = ctx.routing_key, self.homes, worker.name
+            if homes and key and name != blocks.home and self.long_prompt(blocks):
+                homes.remember(key, name)  # the session moved: tell the other replicas
+                blocks.home = name
         return worker
+
+    def recall(self, ctx: RoutingContext) -> Awaitable[None] | None:
+        """With the replicas' shared store: read where a keyed long prompt's session was last
+        sent (before ``pick``; nothing to await otherwise)."""
+        blocks, key, homes = ctx.prefix, ctx.routing_key, self.homes
+        if homes is None or blocks is None or key is None or not self.long_prompt(blocks):
+            return None
+        return self._recall(homes, key, blocks)
+
+    @staticmethod
+    async def _recall(homes: SessionHomes, key: str, blocks: PrefixBlocks) -> None:
+        blocks.home = await homes.lookup(key)
+
+    def long_prompt(self, blocks: PrefixBlocks) -> bool:
+        """A prompt routed by its prefill (``_by_prefill``): long past its shared lead."""
+        index = self.index
+        return index.tokens(blocks.size) - index.tokens(blocks.lead) >= self._long
+
+    def _uncached(self, blocks: PrefixBlocks, held: int) -> int:
+        return max(0, self.index.tokens(blocks.size) - held)
+
+    def _release(self, blocks: PrefixBlocks) -> None:
+        picked = blocks.picked
+        if picked is None:
+            return
+        name, held = picked
+        left = self._pending.get(name, 0) - self._uncached(blocks, held)
+        if left > 0:
+            self._pending[name] = left
+        else:
+            self._pending.pop(name, None)
+
+    def pending_tokens(self, worker: str) -> int:
+        """Prompt tokens this gateway's requests in flight on ``worker`` were estimated to
+        leave it to prefill."""
+        return self._pending.get(worker, 0)
 
     def _choose(self, ctx: RoutingContext, workers: Sequence[Worker]) -> tuple[Worker, str]:
         default_rate = 0.0
@@ -175,6 +234,8 @@ class CacheAware:
         # this session sent. A shared system prompt is soon held by every worker that served
         # anyone; counting it would draw every new session to the first one that did.
         lead = index.tokens(blocks.lead)
+        if self.long_prompt(blocks):
+            return self._by_prefill(ctx, blocks, workers, (home, reason), top, past, held)
         home_held = max(lead, held[workers.index(home)])
         need = home_held + self._min_gain * (prompt - lead)
         choice, choice_held = home, need
@@ -186,13 +247,78 @@ class CacheAware:
         if choice is not home:
             return choice, "cache_hit"
         if reason == "spill" and home_held <= lead:
-            # The prior every replica shares: a session with history lives on its key's first
-            # worker (where every replica sends it while it is in the bands). Another replica may
-            # have sent it the history this one never saw, so that worker keeps it while the
-            # history it would save is worth the extra load, as it would on this one's index.
+            # The prior every replica shares (see ``_by_prefill``).
             history = index.tokens(blocks.last) - lead
             if history >= self._min_gain * (prompt - lead) and top_past <= history / prompt:
                 return top, "affinity"
+        return home, reason
+
+    def _by_prefill(
+        self,
+        ctx: RoutingContext,
+        blocks: PrefixBlocks,
+        workers: Sequence[Worker],
+        chosen: tuple[Worker, str],
+        top: Worker,
+        past: list[float],
+        held: list[int],
+    ) -> tuple[Worker, str]:
+        """A long prompt goes where it waits least for its prefill. Per worker with a free
+        slot: the prompt tokens it has still to prefill (this gateway's in flight there, or
+        everyone's as it last reported), plus what it would compute of this prompt, plus how
+        far it is past the decode bands as that share of the prompt. A new session takes its
+        home unless another worker is ``min_gain`` of its own part sooner done (so sessions
+        spread by the prefill they queue, not by their count); a session with history stays on
+        the worker holding it unless the fleet has an idle worker far sooner done."""
+        home, reason = chosen
+        index = self.index
+        prompt = index.tokens(blocks.size)
+        lead = index.tokens(blocks.lead)
+        known = max(held) > lead
+        # Where the session's history is believed to be beyond this replica's own index: the
+        # worker the replicas' shared store names (the latest any replica sent it to), else,
+        # when this replica never saw the session, its key's first worker (where every replica
+        # sends it while that worker is not far busier).
+        history = index.tokens(blocks.last) - lead
+        named = blocks.home
+        prior = next((i for i, w in enumerate(workers) if w.name == named), -1) if named else -1
+        if prior < 0 and not known and ctx.routing_key is not None and history > 0:
+            prior = workers.index(top)
+        pending = self._pending
+        costs: list[float] = []
+        queues: list[int] = []
+        haves: list[int] = []
+        for i, worker in enumerate(workers):
+            have = max(lead, held[i], lead + history if i == prior else 0)
+            haves.append(have)
+            over = past[i]
+            if over == math.inf:  # no free slot
+                costs.append(math.inf)
+                queues.append(0)
+                continue
+            queued = max(pending.get(worker.name, 0), worker.load.waiting_tokens)
+            queues.append(queued)
+            # Past the decode bands, the excess counts as that share of the prompt.
+            costs.append(queued + prompt - have + max(0.0, over) * prompt)
+        # Where it stays unless another worker is far less busy: the worker holding most of its
+        # history, else its home. A new session spreads by the prefill it queues (it moves when
+        # another worker would be done ``min_gain`` of its own part sooner). Moving a history
+        # off its cache adds its whole prefill to the fleet's work, worth it only while another
+        # worker, about to have nothing to prefill, would still be done far sooner with that
+        # prefill (``stay``: its whole wait times 1 + stay): the fleet has an idle worker. While
+        # every worker is busy, a move only adds work: the makespan is each worker's sessions.
+        h = workers.index(home)
+        most = max(range(len(workers)), key=haves.__getitem__)
+        best = min(range(len(workers)), key=costs.__getitem__)
+        if haves[most] > lead:
+            idle = queues[best] <= prompt - lead  # about to have nothing to prefill
+            if idle and costs[most] > (1.0 + self._stay) * costs[best]:
+                return workers[best], "spill"
+            if most == h:
+                return home, reason
+            return workers[most], "affinity" if most == prior else "cache_hit"
+        if costs[best] + self._min_gain * (prompt - lead) < costs[h]:
+            return workers[best], "spill"
         return home, reason
 
     def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None:
@@ -200,3 +326,10 @@ class CacheAware:
         blocks = ctx.prefix
         if blocks is not None and usage.prompt_tokens:
             self.index.answered(worker.name, blocks, usage.prompt_tokens, usage.cached_tokens)
+
+    def released(self, ctx: RoutingContext) -> None:
+        """The request is over, however it ended: its prefill is no longer queued anywhere."""
+        blocks = ctx.prefix
+        if blocks is not None:
+            self._release(blocks)
+            blocks.picked = None

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -40,9 +40,17 @@ class Policy(Protocol):
 
 @runtime_checkable
 class Learns(Protocol):
-    """A policy that learns from each answer (cache_aware: the worker's ``cached_tokens``)."""
+    """A policy that learns from each answer (cache_aware: the worker's ``cached_tokens``) and
+    hears when each request it routed is over."""
 
     def answered(self, ctx: RoutingContext, worker: Worker, usage: Usage) -> None: ...
+
+    def released(self, ctx: RoutingContext) -> None: ...
+
+    def recall(self, ctx: RoutingContext) -> Awaitable[None] | None:
+        """What must be read before this request is picked (cache_aware: its session's home in
+        the replicas' shared store), or None when nothing is."""
+        ...
 
 
 def _busy(worker: Worker) -> int:

@@ -36,7 +36,7 @@ class PrefixBlocks:
     policy that routed it (the worker's name and the prompt tokens it was estimated to hold), for
     the answer's ``cached_tokens`` to correct."""
 
-    __slots__ = ("ends", "keys", "last", "lead", "picked", "size")
+    __slots__ = ("ends", "home", "keys", "last", "lead", "picked", "size")
 
     def __init__(
         self, keys: Sequence[int], ends: Sequence[int], size: int, lead: int = 0, last: int = 0
@@ -48,6 +48,8 @@ class PrefixBlocks:
         # Where the last turn (the parts ``new_parts`` named) begins: before it, the history.
         self.last = last
         self.picked: tuple[str, int] | None = None
+        # The worker any gateway replica last sent this session to (``shared_homes``), if read.
+        self.home: str | None = None
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -5,11 +5,14 @@ under its production server stack, with scripted workers on loopback."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from typing import Any
 
 import orjson
+import pytest
 
+from app.accesslog import ACCESS_LOGGER
 from app.door.entrance import Checks, checks
 from app.door.visit import Visit
 from app.errors import InvalidRequest
@@ -241,3 +244,22 @@ async def test_a_check_added_in_one_line_applies_to_every_surface() -> None:
     assert whole.status == 200
     assert len(worker.requests) == 1
     assert 'route="/v1/chat/completions",status="400"' in metrics  # counted like any refusal
+
+
+async def test_a_refusal_names_the_caller_as_far_as_the_door_knew_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The access line of a refused request names the key once the key was checked: not for a
+    wrong key, but for a bad X-Priority (refused after the key) or an unknown model."""
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        async with GatewayHarness([FakeWorker()], **keyed()) as gw:
+            statuses = [
+                (await gw.post(CHAT, chat(), headers={"authorization": "Bearer sk-wrong"})).status,
+                (await gw.post(CHAT, chat(), headers=KEY | {"x-priority": "urgent"})).status,
+                (await gw.post(CHAT, chat(model="gpt-9"), headers=KEY)).status,
+            ]
+    logged = [
+        (r.fields["status"], r.fields.get("key")) for r in caplog.records if r.name == ACCESS_LOGGER
+    ]  # type: ignore[attr-defined]
+    assert statuses == [401, 400, 404]
+    assert logged == [(401, None), (400, "team"), (404, "team")]

@@ -179,3 +179,35 @@ def test_prompts_still_waiting_hold_no_kv_and_evict_nothing(procs: ProcessManage
     asyncio.run(burst())
     with httpx.Client(base_url=emu.url, timeout=10) as client:
         assert record(client, "again")["cached_tokens"] > 10_000
+
+
+def test_prompts_waiting_for_their_prefill_are_reported_waiting(procs: ProcessManager) -> None:
+    """As SGLang reports them: a request is running once it decodes; queued for its prefill
+    pass, it is waiting, with its new tokens in num_waiting_uncached_tokens."""
+    emu = procs.start([*EMULATE[:-1], "1", "--seed", "8"], name="emu-loads")
+    words = " ".join(f"v{i}" for i in range(20000))
+
+    async def run() -> dict[str, int]:
+        async with httpx.AsyncClient(base_url=emu.url, timeout=60) as client:
+            sent = [
+                asyncio.create_task(
+                    client.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": "moonshotai/Kimi-K2.5",
+                            "messages": [{"role": "user", "content": f"{i} {words}"}],
+                            "max_tokens": 1,
+                        },
+                    )
+                )
+                for i in range(3)
+            ]
+            await asyncio.sleep(0.3)  # the first pass (~1.5 s at --speed 1) is running
+            loads = (await client.get("/v1/loads")).json()["loads"][0]
+            await asyncio.gather(*sent)
+            return dict(loads)
+
+    loads = asyncio.run(run())
+    assert loads["num_running_reqs"] == 0
+    assert loads["num_waiting_reqs"] == 3
+    assert loads["num_waiting_uncached_tokens"] > 50_000  # the two not in the running pass

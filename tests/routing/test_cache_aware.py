@@ -90,6 +90,14 @@ def test_the_index_estimates_the_held_prefix_and_forgets_beyond_capacity() -> No
     assert index.held_tokens("a", longer) >= index.tokens(len(SYSTEM) - BLOCK_BYTES)
 
 
+def _once(policy: CacheAware, session: Session, workers: list[Worker]) -> Worker:
+    """One request of ``session``, over before the next."""
+    ctx = session.ctx()
+    worker = policy.pick(ctx, workers)
+    policy.released(ctx)
+    return worker
+
+
 def _run(policy: CacheAware, workers: list[Worker], sessions: list[Session]) -> list[Worker]:
     picks = []
     for session in sessions:
@@ -117,10 +125,16 @@ def test_replicas_that_never_saw_a_session_agree_on_its_worker() -> None:
     workers = [_worker(i) for i in range(3)]
     one, other = CacheAware(), CacheAware()
     sessions = [Session(i) for i in range(30)]
-    homes = [one.pick(session.ctx(), workers) for session in sessions]  # one at a time
+    homes = []
+    for session in sessions:  # one at a time: each over before the next
+        ctx = session.ctx()
+        homes.append(one.pick(ctx, workers))
+        one.released(ctx)
     for session, home in zip(sessions, homes, strict=True):
         session.turns = 2
-        assert other.pick(session.ctx(), workers) is home
+        ctx = session.ctx()
+        assert other.pick(ctx, workers) is home
+        other.released(ctx)
     # A busy home keeps a session with history on every replica, as on the one that placed it
     # (its index), while the history saves more than the extra load costs ...
     session, home = sessions[0], homes[0]
@@ -146,38 +160,37 @@ def test_a_session_follows_its_cache_when_its_home_evicted_it() -> None:
     workers = [_worker(i) for i in range(3)]
     policy = CacheAware()
     session = Session(7, turns=3)
-    home = policy.pick(session.ctx(), workers)
+    home = _once(policy, session, workers)
     # Its home is too busy for a turn: it spills, and the spill worker computes the history.
     home.in_flight = 30
-    spilled = policy.pick(session.ctx(), workers)
+    spilled = _once(policy, session, workers)
     assert spilled is not home
     home.in_flight = 0
     # The home then evicts it (KV events: every block cleared).
     policy.index.kv_events(home.url, [AllBlocksCleared()], gap=False)
     session.turns = 4
-    assert policy.pick(session.ctx(), workers) is spilled
+    assert _once(policy, session, workers) is spilled
 
 
 def test_a_worker_holding_the_history_keeps_it_at_a_bounded_extra_load() -> None:
     workers = [_worker(i) for i in range(3)]
     policy = CacheAware()
     session = Session(3, turns=4)
-    home = policy.pick(session.ctx(), workers)
+    home = _once(policy, session, workers)
     session.turns = 5
     for worker in workers:
         worker.in_flight = 10
     home.in_flight = 16  # past the balance bound (1.1 x the mean), but it saves the prefill
-    assert policy.pick(session.ctx(), workers) is home
+    assert _once(policy, session, workers) is home
     home.in_flight = 40  # far more loaded than the others: the prefill is not worth it
-    assert policy.pick(session.ctx(), workers) is not home
+    assert _once(policy, session, workers) is not home
 
 
 def test_the_answers_cached_tokens_correct_a_worker_that_evicts_faster() -> None:
     workers = [_worker(i) for i in range(2)]
     policy = CacheAware()
     session = Session(5, turns=2)
-    ctx = session.ctx()
-    worker = policy.pick(ctx, workers)
+    worker = _once(policy, session, workers)
     before = policy.index.worker_tokens(worker.name)
     ctx = session.ctx()
     policy.pick(ctx, workers)
@@ -228,12 +241,12 @@ def test_decisions_are_told_with_their_reason() -> None:
     policy.pick(RoutingContext("m"), workers)
     policy.pick(RoutingContext("m"), workers[:1])
     session = Session(2, turns=2)
-    home = policy.pick(session.ctx(), workers)
+    home = _once(policy, session, workers)
     home.in_flight = 30
-    policy.pick(session.ctx(), workers)
+    _once(policy, session, workers)
     home.in_flight = 0
     policy.index.forget(home.name)
-    policy.pick(session.ctx(), workers)
+    _once(policy, session, workers)
     assert reasons == ["no_key", "single", "affinity", "spill", "cache_hit"]
 
 
@@ -281,3 +294,39 @@ def test_rates_within_the_band_count_as_equal() -> None:
     for _ in range(40):
         policy.pick(RoutingContext("m"), [a, b]).in_flight += 1
     assert (a.in_flight, b.in_flight) == (20, 20)
+
+
+def test_a_history_stays_on_its_busy_worker_unless_another_would_be_far_sooner_done() -> None:
+    workers = [_worker(i) for i in range(3)]
+    policy = CacheAware()
+    session = Session(11, turns=3)
+    home = _once(policy, session, workers)
+    # Every worker has as much prefill queued by other sessions (ours, in flight): the history's
+    # worker keeps it, however long the queue (moving it would add its whole prefill).
+    others = [(Session(200 + i).ctx()) for i in range(30)]
+    placed = [(ctx, policy.pick(ctx, workers)) for ctx in others]
+    queued = [policy.pending_tokens(w.name) for w in workers]
+    assert min(queued) > 0
+    session.turns = 4
+    assert _once(policy, session, workers) is home
+    # The other workers are done with theirs while the home is not: its turn goes where it is
+    # done sooner even with the history to prefill again.
+    for ctx, worker in placed:
+        if worker is not home:
+            policy.released(ctx)
+    session.turns = 5
+    assert _once(policy, session, workers) is not home
+
+
+def test_every_request_gives_back_the_prefill_it_queued() -> None:
+    workers = [_worker(i) for i in range(3)]
+    policy = CacheAware()
+    contexts = [Session(i, turns=i % 3).ctx() for i in range(20)]
+    for ctx in contexts:
+        policy.pick(ctx, workers)
+    assert sum(policy.pending_tokens(w.name) for w in workers) > 0
+    retried = contexts[0]
+    policy.pick(retried, workers)  # a retry: the first pick's share is given back
+    for ctx in contexts:
+        policy.released(ctx)
+    assert [policy.pending_tokens(w.name) for w in workers] == [0, 0, 0]
