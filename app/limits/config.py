@@ -106,7 +106,8 @@ class LimitsConfig(Section):
     key_burst: int = Field(20, ge=1)
     # Requests a key may have in flight at once (None: no limit); one more is 429 + Retry-After.
     key_max_concurrent: int | None = Field(None, ge=1)
-    # Share the per-key limits across gateway replicas (redis://host:6379/0); else per process.
+    # Share the per-key limits, token quotas, stored responses and cache_aware's session homes
+    # across gateway replicas (redis://host:6379/0); else each process keeps its own.
     redis_url: str | None = None
 
     @field_validator("image_url_allow")
