@@ -399,7 +399,8 @@ def test_tenant_panels_show_the_configured_key_and_every_priority_class(live: Li
     assert float(dropped["value"][1]) == 0
     [t] = panels["Limit store errors/s"]["targets"]
     errors = {r["metric"]["limit"]: r["value"][1] for r in live.prom.query(_substitute(t["expr"]))}
-    assert errors == {"requests": "0", "tokens": "0"}  # pre-initialised, no Redis: no errors
+    # pre-initialised, no Redis: no errors
+    assert errors == {"requests": "0", "tokens": "0", "session_homes": "0"}
 
 
 def test_a_dashboard_naming_a_missing_metric_fails(live: Live) -> None:
