@@ -76,7 +76,7 @@ class SessionHomes:
         now = time.monotonic()
         if now - self._warned >= 10.0:  # at most every 10 s, as the limits' store
             self._warned = now
-            log.warning("session homes: Redis unavailable; routing on this replica's own index")
+            log.warning("session homes store unavailable: routing on this replica's own index")
         if self._on_error is not None:
             self._on_error()
 
