@@ -126,7 +126,13 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record).replace("\n", "\n    ")  # a traceback's lines, indented
+        if record.exc_info or record.exc_text or record.stack_info:
+            line = super().format(record)
+        else:  # ``Formatter.format``'s own steps for a line with no traceback, in one f-string
+            record.message = escape(record.getMessage())
+            record.asctime = self.formatTime(record)
+            line = f"{record.asctime} {record.levelname} {record.name}: {record.message}"
+        line = line.replace("\n", "\n    ")  # a traceback's lines, indented
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             line += " " + " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None)
@@ -140,6 +146,9 @@ def configure_logging(level: str, *, json: bool) -> dict[str, Any]:
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    # Neither format writes a record's thread or process: each record skips looking them up
+    # (``os.getpid`` is a system call per record, the access log's one a request).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root.setLevel(level.upper())
     # One line per upstream call (health checks every few seconds) is noise, not an access log.
     for noisy in ("httpx", "httpcore"):
