@@ -1,7 +1,8 @@
 """Every API POST route of the surface registry (``app.surfaces``) as FastAPI sees it: declared
-for ``/openapi.json`` (each ``Entry``'s ``operation``), 405 for other methods, and served here in
-the CORS case; otherwise ``app.api.asgi.GatewayApp`` hands those POSTs to the door itself, ahead
-of FastAPI, with the same code (``app.door.entrance.Door.serve``)."""
+for ``/openapi.json`` (each ``Entry``'s ``operation``) and 405 for other methods. The POSTs
+themselves never reach FastAPI: ``app.api.asgi.GatewayApp`` hands them to the door ahead of it,
+CORS on or off; FastAPI's endpoint answers through the same door
+(``app.door.entrance.Door.serve``) should FastAPI ever be called with one directly."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from app.door.entry import Entry
 from app.proxy.downstream import Receive, Send
 
 
-class LaneResponse(Response):
-    """A request of the door that FastAPI routed (the CORS case): answered by the same code, as
-    FastAPI's response."""
+class DoorResponse(Response):
+    """A request of the door that FastAPI routed: answered by the same code, as FastAPI's
+    response."""
 
     def __init__(self, door: Door, entry: Entry) -> None:
         super().__init__()  # status and headers are decided by the door
@@ -39,7 +40,7 @@ def router(door: Door, entries: Iterable[Entry]) -> APIRouter:
 
 def _declare(routes: APIRouter, door: Door, entry: Entry) -> None:
     async def endpoint(request: Request) -> Response:
-        return LaneResponse(door, entry)
+        return DoorResponse(door, entry)
 
     operation = entry.operation
     endpoint.__name__ = operation.name

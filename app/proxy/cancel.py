@@ -6,7 +6,6 @@ the request's ``Supervisor`` owns one per request, an ``Attempt`` one per try.
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 from typing import Any
 
 from app.outcomes import Outcome
@@ -45,23 +44,9 @@ class CancelScope:
     def running(self) -> bool:
         return self._task is not None
 
-    async def __aenter__(self) -> CancelScope:
-        task = asyncio.current_task()
-        assert task is not None, "a CancelScope runs inside a task"
-        self.enter(task)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.exit(exc_type)
-
     def enter(self, task: asyncio.Task[Any]) -> None:
-        """``async with`` without its two coroutines, for a caller that knows its task (the
-        one running the block): ``enter(task)``, then ``exit(exc_type)`` when the block ends."""
+        """The block begins, run by ``task``; ``exit(exc_type)`` when it ends, whatever it
+        raised (plain calls, not ``async with``: no coroutine in or out)."""
         assert self.reason is None and not self._cancelled, "a CancelScope is entered once"
         self._task, self._cancelling = task, task.cancelling()
 

@@ -61,12 +61,6 @@ class Downstream:
         self.started = False  # response headers sent: errors from now on go in-band
         self.last_tx = clock()
 
-    def direct(self) -> DirectBody | None:
-        """Where stream chunks may be written without ``send`` from now on (``app.proxy.direct``);
-        None if the server offers no such lane or the response is not a started stream."""
-        direct = self.direct_lane
-        return direct if direct is not None and self.started and direct.ready() else None
-
     def _begin(self, status: int, head: list[tuple[bytes, bytes]], body: bytes, more: bool) -> bool:
         """The response's head (``head`` and the request's own headers) with its first body
         piece; True: ``writer.flush()`` next."""

@@ -9,7 +9,7 @@ unless the stream can go on on another worker (``app.proxy.continuation``).
 The loop knows four parts and nothing of their insides:
 
 - where an attempt goes: the ``Dispatch`` (``app.proxy.dispatch``: whole workers, or PD pairs),
-  whose ``Target`` sends it;
+  whose ``Target`` gives its body as its worker gets it;
 - one attempt: the ``Attempt`` (``app.proxy.attempt``), which owns the rid, the worker, the
   response, the deadlines and the abort, settles its outcome and breaker verdict, and raises
   ``UpstreamTimeout`` when the request's ``Supervisor`` ends it on a first-byte or idle deadline;
@@ -118,7 +118,7 @@ class Proxy:
         )
         # Where attempts go (app.proxy.dispatch); ``pd``: the PD dispatch, None for whole workers.
         self.pd: Disaggregation | None = None
-        self._dispatch: Dispatch = WholeWorkers(pool, policy, client)
+        self._dispatch: Dispatch = WholeWorkers(pool, policy)
         if settings.pd.disaggregation:
             self._dispatch = self.pd = Disaggregation(
                 settings,
@@ -240,9 +240,7 @@ class Proxy:
             except NoWorker as stop:
                 error = stop.error or error
                 break
-            target = self._dispatch.target(
-                job.ctx, worker, tried, stream=job.request.stream, source=job.record.key
-            )
+            target = self._dispatch.target(job, worker, tried)
             self._books.attempting(job.record, number, worker, target)
             if target is None:  # e.g. the last prefill worker left while this one queued
                 self.admission.release()
@@ -372,11 +370,13 @@ class Proxy:
         headers = job.headers if trace is None else trace.attempt(job, attempt)
         try:
             async with attempt:  # ends on a deadline; settles outcome, breaker, abort, response
+                path = request.route.value
+                body = target.outgoing(attempt, path, parts(rid, priority), headers)
                 # An answer that cannot be checked for its rid: where no stray can wait.
                 fresh = not checkable(request, worker)
                 attempt.responded(
-                    await target.open(
-                        attempt, request.route.value, parts, priority, headers, fresh=fresh
+                    await self._client.open(
+                        worker, path, body, headers, sent=attempt.sent, fresh=fresh
                     )
                 )
                 if not request.stream:

@@ -38,6 +38,15 @@ class Job:
     continued: ContinuedUsage | None = None  # a continued stream's counts, attempt by attempt
 
     @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+    @property
+    def source(self) -> str | None:
+        """The request's API key (breakers' attribution)."""
+        return self.record.key
+
+    @property
     def committed(self) -> bool:
         """The first upstream data event reached the client: no more retries."""
         return self.attempt is not None and self.attempt.committed

@@ -5,10 +5,11 @@ attempt's ``last_rx``, which its idle deadline counts from), the observer's
 ``endswith``/``count``/substring checks, one list append (the chunk's time, for the inter-chunk
 histogram, observed once at the end of the request) and one write of the very same bytes: no
 JSON, no pydantic, no timer (deadlines and keep-alives live in the request's ``Supervisor``), no
-metric update. Up to the commit point the chunks pass through the request's task and ASGI
-``send``; after it, when the server offers ``app.proxy.direct`` and the worker connection is the
-gateway's own (``Http1Response``), the same steps run in the upstream read callback and write
-straight to the client's connection, so a chunk costs no task switch at all.
+metric update. It runs in the upstream connection's read callback (``Http1Response.pump``) and
+writes through the request's ``Writer`` (``app.proxy.writer``): under the gateway's own server a
+started stream's chunk goes straight to the client's connection, so it costs no task switch at
+all; the request's task wakes only for what must be awaited (a part through ASGI ``send``, a
+client that is behind).
 
 The observer is the request's surface's (``app.proxy.surface``), chosen once per request: on the
 OpenAI routes ``app.upstream.sse.SSEObserver``; the Messages API's translates each worker event
@@ -81,10 +82,19 @@ async def relay_stream(
     request. ``expose``: add the estimated acceptance length to the usage chunk the client
     asked for.
 
-    The stream ends at the worker's ``[DONE]`` (the surface's end follows it at once): nothing
-    after it is relayed or waited for. Its connection goes back to the pool only if the
-    response's end follows with no byte more; data after ``[DONE]`` closes it and calls
-    ``stray()`` (the client's answer stands: the worker is not blamed for it).
+    One loop, in the upstream connection's read callback (``Http1Response.pump``): each read is
+    observed and its bytes handed to the request's writer (``app.proxy.writer``), which either
+    writes them at once (the server's lane, a started stream: no task switch per chunk) or keeps
+    them until ``pump`` awaits ``flush`` (ASGI ``send``; a client that is behind). The commit
+    point is the loop's state: before it, the bytes go through ``Downstream`` (the first starts
+    the response) and a failure may be retried; after it, straight to the writer, each read's
+    time noted for the inter-chunk histogram.
+
+    The stream ends at the worker's ``[DONE]`` (the surface's end follows it at once, with the
+    stream's last piece, in one write): nothing after it is relayed or waited for. Its connection
+    goes back to the pool only if the response's end follows with no byte more; data after
+    ``[DONE]`` closes it and calls ``stray()`` (the client's answer stands: the worker is not
+    blamed for it).
 
     A continuable stream passes its ``Continuation`` (``app.proxy.continuation``): its observer
     (it outlives the attempt), its kept reads (a reference to each read relayed) and, going on
@@ -98,90 +108,58 @@ async def relay_stream(
     if resume is None:
         obs.expect = expected_id(attempt, request)
     feed = obs.feed if resume is None else resume.wrap(obs.feed)
-    fast_keep = resume is None and obs.holds_errors
+    keep_read = None
     if keep is not None:
-        feed = keep.keeping(feed, obs)
+        if resume is None and obs.holds_errors:
+            # The observer holds back errors itself: each read kept right here, one call less.
+            obs.hold_errors = True
+            keep_read = keep.chunks.append
+        else:
+            feed = keep.keeping(feed, obs)
     response = _response(attempt)
     tally = attempt.tally
     clock = attempt.clock
-    chunk_out = down.chunk
+    writer = down.writer
+    start = down.put
     stamp = tally.chunk_times.append
-    chunks = response.aiter_raw()
+    committed = tally.first_at is not None  # a continuation keeps its stream's commit point
     last: list[bytes] = []  # the stream's last piece, kept to go out with its end (one write)
-    try:
-        async for chunk in chunks:  # until the commit point
-            attempt.last_rx = clock()
-            out = feed(chunk)
-            if out:
-                await chunk_out(out)
-                if obs.first_data:
-                    if tally.first_at is None:  # a continuation keeps its stream's commit point
-                        tally.first_at = clock()
-                    break
-        direct = down.direct()
-        if obs.done:
-            pass  # the whole stream came in the reads before the commit point
-        elif direct is not None:
-            # Steady state in the upstream connection's read callback: no task switch per chunk.
-            write = direct.write
-            # A continuable stream's first attempt on the OpenAI routes keeps each read right
-            # here, the observer holding back errors itself: no extra call per chunk.
-            kept = keep.chunks.append if keep is not None and fast_keep else None
-            if kept is None:
 
-                def sink(chunk: bytes) -> bool:
-                    attempt.last_rx = now = clock()
-                    out = feed(chunk)
-                    if obs.done:  # the stream's end: nothing after it is read
-                        response.stop()
-                        return _last(out, now)
-                    if out:
-                        stamp(now)
-                        return write(out)
-                    return False
-
-            else:
-                feed_obs, keep_read = obs.feed, kept
-
-                def sink(chunk: bytes) -> bool:
-                    keep_read(chunk)
-                    attempt.last_rx = now = clock()
-                    out = feed_obs(chunk)
-                    if obs.done:
-                        response.stop()
-                        return _last(out, now)
-                    if out:
-                        stamp(now)
-                        return write(out)
-                    return False
-
-            def _last(out: bytes, now: float) -> bool:
-                """The stream's last read: kept for ``end`` (unless it is cut short by a
-                held-back error, whose relayed part goes out at once)."""
-                if not out:
-                    return False
-                stamp(now)
-                if obs.broken is not None:
-                    return write(out)
+    def take(chunk: bytes) -> bool:
+        """One read; True when the writer must be flushed before the next."""
+        nonlocal committed
+        if keep_read is not None:
+            keep_read(chunk)
+        attempt.last_rx = now = clock()
+        out = feed(chunk)
+        if obs.done:  # the stream's end: nothing after it is read
+            response.stop()
+            if out and obs.broken is None:  # kept for the end (one write with it)
                 last.append(out)
-                return False
-
-            drain = direct.drain
-
-            async def caught_up() -> None:  # once per pause, not per chunk
-                await drain()
-                attempt.held = clock()  # its connection waited for the client: not its silence
-
-            await response.pump(sink, caught_up)
-        else:
-            async for chunk in chunks:  # steady state
-                attempt.last_rx = now = clock()
-                out = feed(chunk)
-                if out:
+                if committed:
                     stamp(now)
-                    await chunk_out(out)
-                if obs.done:
-                    break
+                elif obs.first_data and tally.first_at is None:
+                    tally.first_at = clock()
+                return False
+            # A held-back error cuts the stream short: the part before it goes out at once.
+        if not out:
+            return False
+        if committed:
+            stamp(now)
+            return writer.put(out)
+        waits = start(out)  # before the commit point (the first piece starts the response)
+        if obs.first_data:
+            committed = True
+            if tally.first_at is None:
+                tally.first_at = clock()
+        return waits
+
+    async def flush() -> None:  # once per pause, not per chunk
+        await writer.flush()
+        attempt.held = clock()  # its connection waited for the client: not its silence
+
+    try:
+        await response.pump(take, flush)
         if obs.broken is not None:  # a worker-fault error event, held back
             response.discard()
             raise obs.broken
@@ -198,10 +176,10 @@ async def relay_stream(
                 if tail:
                     out = obs.feed(tail)
                     if out:
-                        await chunk_out(out)
+                        await down.chunk(out)
             rest = obs.finish()
             if rest:
-                await chunk_out(rest)
+                await down.chunk(rest)
     except TransportError as exc:
         raise map_transport_error(exc, attempt.worker, committed=obs.first_data) from None
     finally:

@@ -30,13 +30,13 @@ class Writer(Protocol):
 
     # ``put`` writes at once (never keeps a part for ``flush``): a started stream on the lane.
     immediate: bool
+    # One more body piece of the begun response; True: ``await flush()`` before the next. An
+    # attribute, not a method: on the lane it is the lane's own write (one call per chunk).
+    put: Callable[[bytes], bool]
 
     def begin(self, status: int, headers: Headers, body: bytes, *, more: bool) -> bool:
         """The response's head and its first body piece (the whole body unless ``more``; a
         whole body's ``headers`` hold its content-length). True: ``await flush()`` next."""
-
-    def put(self, data: bytes) -> bool:
-        """One more body piece of the begun response. True: ``await flush()`` before the next."""
 
     async def flush(self) -> None:
         """Out with the parts kept for ``send``, then until a client that is behind caught up."""
@@ -56,14 +56,25 @@ class Writer(Protocol):
         way, the connection is closed when the request returns unfinished."""
 
 
+class _Kept(list[Message]):
+    """The messages kept for ``send`` until the writer is flushed."""
+
+    __slots__ = ()
+
+    def put(self, data: bytes) -> bool:
+        self.append({"type": "http.response.body", "body": data, "more_body": True})
+        return True
+
+
 class AsgiWriter:
     """Every part through ``send``: ``begin`` and ``put`` keep their messages for ``flush``."""
 
-    __slots__ = ("_kept", "_send", "immediate")
+    __slots__ = ("_kept", "_send", "immediate", "put")
 
     def __init__(self, send: Send) -> None:
         self._send = send
-        self._kept: list[Message] = []
+        self._kept = kept = _Kept()
+        self.put: Callable[[bytes], bool] = kept.put
         self.immediate = False
 
     def begin(self, status: int, headers: Headers, body: bytes, *, more: bool) -> bool:
@@ -71,10 +82,6 @@ class AsgiWriter:
             {"type": "http.response.start", "status": status, "headers": headers},
             {"type": "http.response.body", "body": body, "more_body": more},
         )
-        return True
-
-    def put(self, data: bytes) -> bool:
-        self._kept.append({"type": "http.response.body", "body": data, "more_body": True})
         return True
 
     async def flush(self) -> None:
@@ -103,14 +110,14 @@ class LaneWriter(AsgiWriter):
     """The server's lane (``app.proxy.direct``) where it can write, ``send`` where it cannot:
     a head goes through ``send`` when a middleware's ``send`` adds to it (CORS), the client is
     behind, or the server's access log is on (``DirectBody.respond``); a stream's end always
-    does, so the server's request cycle ends as ``send`` ends it."""
+    does, so the server's request cycle ends as ``send`` ends it. Once a stream is started on
+    the lane, ``put`` is the lane's ``write``."""
 
-    __slots__ = ("_heads", "_lane", "_write")
+    __slots__ = ("_heads", "_lane")
 
     def __init__(self, send: Send, lane: DirectBody) -> None:
         super().__init__(send)
         self._lane = lane
-        self._write = lane.write
         self._heads = lane.heads(send)  # ``send`` is the server's own: the lane may write heads
 
     def begin(self, status: int, headers: Headers, body: bytes, *, more: bool) -> bool:
@@ -119,20 +126,21 @@ class LaneWriter(AsgiWriter):
             (more and body and lane.start_stream(status, headers, body))
             or (not more and lane.respond(status, headers, body))
         ):
-            self.immediate = more
+            if more:
+                self._immediate()
             return False
         super().begin(status, headers, body, more=more)
         return True
 
-    def put(self, data: bytes) -> bool:
-        if self.immediate:
-            return self._write(data)
-        return super().put(data)
+    def _immediate(self) -> None:
+        self.immediate = True
+        self.put = self._lane.write
 
     async def flush(self) -> None:
         if self._kept:
             await self._send_kept()
-            self.immediate = self._lane.ready()  # a stream the lane goes on with
+            if self._lane.ready():  # a stream the lane goes on with
+                self._immediate()
         if self.immediate:
             await self._lane.drain()
 

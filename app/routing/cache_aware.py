@@ -88,15 +88,16 @@ class CacheAware:
                 pending = self._pending
                 for name in [n for n in pending if n not in index.held_map]:
                     del pending[name]
-            self._release(blocks)  # a retry or a continuation: the last pick is over
-            index.set_capacity(worker.name, worker.url, worker.load.max_total_num_tokens)
-            held = index.held_tokens(worker.name, blocks)
-            blocks.picked = (worker.name, held)
-            self._pending[worker.name] = self._pending.get(worker.name, 0) + self._uncached(
-                blocks, held
-            )
-            index.record(worker.name, blocks)
-            key, homes, name = ctx.routing_key, self.homes, worker.name
+            if blocks.picked is not None:  # a retry or a continuation: the last pick is over
+                self._release(blocks)
+            name = worker.name
+            index.set_capacity(name, worker.url, worker.load.max_total_num_tokens)
+            held = index.held_tokens(name, blocks)
+            blocks.picked = (name, held)
+            pending = self._pending
+            pending[name] = pending.get(name, 0) + max(0, index.tokens(blocks.size) - held)
+            index.record(name, blocks)
+            key, homes = ctx.routing_key, self.homes
             if homes and key and name != blocks.home and self.long_prompt(blocks):
                 homes.remember(key, name)  # the session moved: tell the other replicas
                 blocks.home = name

@@ -4,6 +4,8 @@ with the first reason where the block ends, and leaving any other cancellation a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -11,12 +13,26 @@ from app.outcomes import Outcome
 from app.proxy.cancel import CancelScope, Ended
 
 
+@contextlib.asynccontextmanager
+async def running(cancel: CancelScope) -> AsyncIterator[None]:
+    """The block under ``cancel``, entered and left as the proxy does."""
+    task = asyncio.current_task()
+    assert task is not None
+    cancel.enter(task)
+    try:
+        yield
+    except BaseException as exc:
+        cancel.exit(type(exc))
+        raise
+    cancel.exit(None)
+
+
 async def test_a_cancel_scope_ends_only_while_it_runs_and_keeps_the_first_reason() -> None:
     cancel = CancelScope()
     assert not cancel.end(Outcome.TIMEOUT)  # not entered yet: nothing to end
 
     async def block() -> None:
-        async with cancel:
+        async with running(cancel):
             assert cancel.end(Outcome.CLIENT_DISCONNECT)
             assert not cancel.end(Outcome.UPSTREAM_TIMEOUT)
             await asyncio.sleep(3600)
@@ -29,7 +45,7 @@ async def test_a_cancel_scope_ends_only_while_it_runs_and_keeps_the_first_reason
 
 async def test_a_cancel_scope_its_own_block_ended_and_left_leaves_no_cancellation_behind() -> None:
     cancel = CancelScope()
-    async with cancel:
+    async with running(cancel):
         assert cancel.end(Outcome.TIMEOUT)  # the block ends before the end takes effect
     await asyncio.sleep(0)  # the request goes on: nothing left pending to cancel it here
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
@@ -40,7 +56,7 @@ async def test_a_cancellation_from_elsewhere_passes_through_an_ended_cancel_scop
     entered = asyncio.Event()
 
     async def block() -> None:
-        async with cancel:
+        async with running(cancel):
             entered.set()
             await asyncio.sleep(3600)
 

@@ -2,8 +2,8 @@
 
 A ``Dispatch`` answers, for one request, which workers its next attempt may go to
 (``candidates``), which one it goes to (``pick``), and how the attempt is sent there
-(``target``: the ``Target`` that opens the worker's response for the ``Attempt``, is told when
-the attempt ended, and says which worker a retry avoids). The ``Proxy``'s retry loop
+(``target``: the ``Target`` that gives the ``Attempt``'s body as its worker gets it, is told
+when the attempt ended, and says which worker a retry avoids). The ``Proxy``'s retry loop
 (``app.proxy.forward``) knows no more of where requests go than this.
 
 Two implementations, chosen once by ``Proxy``:
@@ -30,32 +30,39 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from app.proxy.attempt import Attempt
     from app.routing.policies import RoutingContext
-    from app.upstream.client import UpstreamResponse
     from app.workers.worker import Worker
 
+# An upstream body, in pieces sent as they are (one write).
+Pieces = tuple["memoryview | bytes", ...]
 # An attempt's upstream body by its rid and priority (``ParsedRequest.upstream_parts``'s shape).
-Body = Callable[[str, "int | None"], tuple["memoryview | bytes", ...]]
+Body = Callable[[str, "int | None"], Pieces]
+Headers = list[tuple[bytes, bytes]]
+
+
+class Job(Protocol):
+    """What a dispatch reads of the request whose attempts it places (``app.proxy.job.Job``)."""
+
+    @property
+    def ctx(self) -> RoutingContext: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+    @property
+    def source(self) -> str | None:
+        """The request's API key, the breaker's attribution."""
 
 
 class Target(Protocol):
-    """How one attempt is sent to where its dispatch picked, and told when it ended."""
+    """How one attempt goes where its dispatch picked, and is told when it ended."""
 
     @property
     def prefill(self) -> Worker | None:
         """The attempt's prefill worker, when its prompt is computed on another worker."""
 
-    async def open(
-        self,
-        attempt: Attempt,
-        path: str,
-        parts: Body,
-        priority: int | None,
-        headers: list[tuple[bytes, bytes]],
-        *,
-        fresh: bool,
-    ) -> UpstreamResponse:
-        """Send the attempt's body (``parts`` by its rid and ``priority``) to its worker; the
-        response whose answer is the client's, as ``UpstreamClient.open`` returns it."""
+    def outgoing(self, attempt: Attempt, path: str, body: Pieces, headers: Headers) -> Pieces:
+        """The attempt's body (``body``, its pieces) as its worker gets it, right before it is
+        sent there; what else goes out with it (a pair's prefill side) starts here."""
 
     def close(self, attempt: Attempt) -> None:
         """The attempt ended (it settled its own outcome)."""
@@ -81,17 +88,9 @@ class Dispatch(Protocol):
         """The worker the attempt goes to, among ``candidates`` (admission kept those with
         room)."""
 
-    def target(
-        self,
-        ctx: RoutingContext,
-        worker: Worker,
-        tried: set[str],
-        *,
-        stream: bool,
-        source: str | None,
-    ) -> Target | None:
-        """How the attempt on ``worker`` is sent (None: it cannot be, the request fails as
-        with no worker); ``source``: the request's API key, for breaker attribution."""
+    def target(self, job: Job, worker: Worker, tried: set[str]) -> Target | None:
+        """How the attempt of ``job`` on ``worker`` goes there (None: it cannot, the request
+        fails as with no worker)."""
 
     async def aclose(self) -> None:
         """At shutdown: let what still runs in the background finish, briefly."""

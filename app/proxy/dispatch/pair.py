@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from app.errors import UpstreamError, UpstreamStatusError, UpstreamStreamBroken
 from app.outcomes import Outcome
-from app.proxy.dispatch import Body
+from app.proxy.dispatch import Headers, Pieces
 from app.upstream.client import UpstreamResponse, map_transport_error
 from app.upstream.errors import TransportError
 from app.workers.worker import Worker
@@ -63,13 +63,7 @@ class Pair:
     )
 
     def __init__(
-        self,
-        pd: Disaggregation,
-        prefill: Worker,
-        *,
-        model: str,
-        stream: bool,
-        source: str | None = None,
+        self, pd: Disaggregation, prefill: Worker, model: str, *, stream: bool, source: str | None
     ) -> None:
         self._pd = pd
         self.prefill = prefill
@@ -127,22 +121,11 @@ class Pair:
         bound = self._chunks_at_bind
         return bound is not None and len(attempt.tally.chunk_times) == bound
 
-    async def open(
-        self,
-        attempt: Attempt,
-        path: str,
-        parts: Body,
-        priority: int | None,
-        headers: list[tuple[bytes, bytes]],
-        *,
-        fresh: bool,
-    ) -> UpstreamResponse:
-        """Send the attempt's body, with the bootstrap fields ahead of its closing ``"rid"``
-        piece, to P (in a task of its own) and to D (the attempt's worker); D's response, as
-        ``UpstreamClient.open`` returns it."""
+    def outgoing(self, attempt: Attempt, path: str, body: Pieces, headers: Headers) -> Pieces:
+        """D's body and P's: the attempt's, with the bootstrap fields ahead of its closing
+        ``"rid"`` piece; P's side starts here, in a task of its own."""
         self.bind(attempt)
-        pieces = parts(attempt.rid, priority)
-        body = (*pieces[:-1], self._fields, pieces[-1])
+        body = (*body[:-1], self._fields, body[-1])
         pd = self._pd
         self.sent_at = pd._clock()
         task = self._task = asyncio.get_running_loop().create_task(
@@ -150,16 +133,12 @@ class Pair:
         )
         pd.tasks.add(task)
         task.add_done_callback(pd.tasks.discard)
-        return await pd._client.open(
-            attempt.worker, path, body, headers, sent=attempt.sent, fresh=fresh
-        )
+        return body
 
     def _sent(self) -> None:
         self._written = True
 
-    async def _prefill(
-        self, path: str, body: tuple[bytes | memoryview, ...], headers: list[tuple[bytes, bytes]]
-    ) -> None:
+    async def _prefill(self, path: str, body: Pieces, headers: Headers) -> None:
         """P's side: send, read its answer to the end and drop it; a failure ends D's attempt
         unless D already committed; cancelled (D failed or finished, the client left), P is
         aborted by the attempt's rid."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.config import Settings
 from app.metrics import Metrics
-from app.proxy.dispatch import continues_on
+from app.proxy.dispatch import Job, continues_on
 from app.proxy.dispatch.pair import Pair
 from app.routing.policies import Policy, RoutingContext, make_policy, make_prefill_policy
 from app.upstream.client import UpstreamClient
@@ -41,6 +41,7 @@ from app.workers.worker import Worker
 
 if TYPE_CHECKING:
     import random
+
 
 Clock = Callable[[], float]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
@@ -106,21 +107,13 @@ class Disaggregation:
     def pick(self, ctx: RoutingContext, candidates: list[Worker]) -> Worker:
         return self.decode_policy.pick(ctx, candidates)
 
-    def target(
-        self,
-        ctx: RoutingContext,
-        worker: Worker,
-        tried: set[str],
-        *,
-        stream: bool,
-        source: str | None,
-    ) -> Pair | None:
+    def target(self, job: Job, worker: Worker, tried: set[str]) -> Pair | None:
         """The attempt's pair: ``worker`` (decode) and a prefill worker not yet tried (None:
         the last one left while the attempt queued)."""
-        prefill = self.pick_prefill(ctx, tried)
+        prefill = self.pick_prefill(job.ctx, tried)
         if prefill is None:
             return None
-        return Pair(self, prefill, model=ctx.model, stream=stream, source=source)
+        return Pair(self, prefill, job.ctx.model, stream=job.stream, source=job.source)
 
     def pick_prefill(self, ctx: RoutingContext, tried: set[str]) -> Worker | None:
         prefills = self.prefills(ctx.model, tried)

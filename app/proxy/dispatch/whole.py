@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.proxy.dispatch import Body, continues_on
+from app.proxy.dispatch import Headers, Job, Pieces, continues_on
 from app.routing.policies import Policy, RoutingContext
-from app.upstream.client import UpstreamClient, UpstreamResponse
 from app.workers.pool import WorkerPool
 from app.workers.worker import Worker
 
@@ -20,10 +19,9 @@ class WholeWorkers:
 
     prefill: Worker | None = None  # no attempt's prompt is computed elsewhere
 
-    def __init__(self, pool: WorkerPool, policy: Policy, client: UpstreamClient) -> None:
+    def __init__(self, pool: WorkerPool, policy: Policy) -> None:
         self._pool = pool
         self._policy = policy
-        self._client = client
 
     def candidates(self, model: str, tried: set[str], *, continuing: bool = False) -> list[Worker]:
         """Not tried yet; SGLang ones for a continuation."""
@@ -42,35 +40,11 @@ class WholeWorkers:
     def pick(self, ctx: RoutingContext, candidates: list[Worker]) -> Worker:
         return self._policy.pick(ctx, candidates)
 
-    def target(
-        self,
-        ctx: RoutingContext,
-        worker: Worker,
-        tried: set[str],
-        *,
-        stream: bool,
-        source: str | None,
-    ) -> WholeWorkers:
+    def target(self, job: Job, worker: Worker, tried: set[str]) -> WholeWorkers:
         return self
 
-    async def open(
-        self,
-        attempt: Attempt,
-        path: str,
-        parts: Body,
-        priority: int | None,
-        headers: list[tuple[bytes, bytes]],
-        *,
-        fresh: bool,
-    ) -> UpstreamResponse:
-        return await self._client.open(
-            attempt.worker,
-            path,
-            parts(attempt.rid, priority),
-            headers,
-            sent=attempt.sent,
-            fresh=fresh,
-        )
+    def outgoing(self, attempt: Attempt, path: str, body: Pieces, headers: Headers) -> Pieces:
+        return body
 
     def close(self, attempt: Attempt) -> None:
         pass
