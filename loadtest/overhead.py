@@ -13,7 +13,11 @@ one at a time (``--rounds N``: N interleaved times each, summed). Per proxy and 
 
 Scenarios: streaming at saturation, streaming paced (10 ms per chunk, C=32), a fleet's fan-in
 (``stream_fanin``: C=800 streams paced at 80 ms per chunk, about what one gateway replica sees in
-front of a fleet of DFLASH workers), non-streaming.
+front of a fleet of DFLASH workers), non-streaming, and non-streaming with every proxy at its
+default log level (``non_stream_logged``: the gateway writes its access line per request, as a
+gateway started with no settings does; the other scenarios run it at ``warning``, so they leave
+the access log out). In every scenario the client keeps its C connections alive, closed loop,
+and the worker answers a non-streamed request with Content-Length, as SGLang does.
 
 Streaming scenarios also run Anthropic's Messages API through the same gateway process (target
 ``gateway-messages``: ``POST /v1/messages``, each worker chunk translated into Anthropic's
@@ -82,6 +86,9 @@ class Scenario:
     concurrency: int
     requests: int
     chunk_interval_s: float  # the emulator's pace between chunks (0 = as fast as possible)
+    # Gateways at their default log level (their access line per request) rather than at
+    # ``warning``; sglang-router is always at its default.
+    logged: bool = False
 
 
 @dataclass
@@ -156,7 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-results"))
 
 
-SCENARIOS = ("stream_saturation", "stream_paced", "stream_fanin", "non_stream")
+SCENARIOS = ("stream_saturation", "stream_paced", "stream_fanin", "non_stream", "non_stream_logged")
 
 
 def scenario(args: argparse.Namespace, name: str, requests: int | None = None) -> Scenario:
@@ -170,6 +177,8 @@ def scenario(args: argparse.Namespace, name: str, requests: int | None = None) -
         return Scenario(name, True, args.fanin_concurrency, requests or args.fanin_requests, 0.080)
     if name == "non_stream":
         return Scenario(name, False, args.concurrency, requests or args.requests, 0.0)
+    if name == "non_stream_logged":
+        return Scenario(name, False, args.concurrency, requests or args.requests, 0.0, True)
     raise ValueError(f"unknown scenario {name!r}; one of {', '.join(SCENARIOS)}")
 
 
@@ -326,8 +335,20 @@ def start_emulator(procs: ProcessManager, scenario: Scenario, load_cpu: int) -> 
     return procs.start(_pin(load_cpu, argv), name=f"emulator-{scenario.name}")
 
 
+def gateway_env(scenario: Scenario, api_key: str | None = None) -> dict[str, str]:
+    """A measured gateway's environment: no admission cap in the way, logging at ``warning``
+    unless ``scenario`` is logged (then the gateway's default, ``info``: one access line per
+    request), and ``api_key`` configured when given."""
+    env = {"DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096"}
+    if not scenario.logged:
+        env["DFLASH_GATEWAY_LOG_LEVEL"] = "warning"
+    if api_key:
+        env["DFLASH_GATEWAY_API_KEYS"] = api_key
+    return env
+
+
 def start_proxies(
-    procs: ProcessManager, emulator: ManagedProcess, args: argparse.Namespace
+    procs: ProcessManager, emulator: ManagedProcess, args: argparse.Namespace, scenario: Scenario
 ) -> dict[str, ManagedProcess]:
     proxies = {
         GATEWAY: procs.start(
@@ -349,11 +370,7 @@ def start_proxies(
             name="dflash-gateway",
             ready_path="/readyz",
             ready_status=200,
-            env={
-                "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
-                "DFLASH_GATEWAY_LOG_LEVEL": "warning",
-                **({"DFLASH_GATEWAY_API_KEYS": args.api_key} if args.api_key else {}),
-            },
+            env=gateway_env(scenario, args.api_key),
         ),
     }
     if not args.skip_router:
@@ -406,10 +423,7 @@ def start_pd(
         name=f"decode-{scenario.name}",
     )
     serve = [PYTHON, "-m", "app", "serve", "--port", "{port}"]
-    env = {
-        "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
-        "DFLASH_GATEWAY_LOG_LEVEL": "warning",
-    }
+    env = gateway_env(scenario)
     gateways = {
         GATEWAY_1POOL: procs.start(
             _pin(args.proxy_cpu, [*serve, "--worker-url", whole.url]),
@@ -430,7 +444,7 @@ async def measure_all(args: argparse.Namespace, procs: ProcessManager) -> list[M
     model = "moonshotai/Kimi-K2.5"
     for scenario in scenarios(args):
         emulator = start_emulator(procs, scenario, args.load_cpu)
-        proxies = start_proxies(procs, emulator, args)
+        proxies = start_proxies(procs, emulator, args, scenario)
         targets: list[tuple[str, ManagedProcess, ManagedProcess | None, str]]
         targets = [("direct", emulator, None, CHAT)]
         targets += [(n, p, p, CHAT) for n, p in proxies.items()]
@@ -474,6 +488,7 @@ async def _measure(
         scenario.concurrency,
         scenario.concurrency * 2,
         scenario.chunk_interval_s,
+        scenario.logged,
     )
     await drive(target.url, warm, model, args.max_tokens, path, args.api_key)  # warm-up
     before = process_tree_cpu(proxy.pid) if proxy else 0.0

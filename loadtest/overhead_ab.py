@@ -82,6 +82,7 @@ def _scenario(args: argparse.Namespace, requests: int) -> overhead.Scenario:
 def _start(
     procs: ProcessManager, args: argparse.Namespace, emulator: ManagedProcess
 ) -> dict[str, ManagedProcess]:
+    env = overhead.gateway_env(_scenario(args, 1), args.api_key)
     proxies: dict[str, ManagedProcess] = {}
     for spec in args.trees.split(","):
         tree, _, processes = spec.partition(":")
@@ -96,11 +97,7 @@ def _start(
             name=f"gateway-{len(proxies)}",
             ready_path="/readyz",
             ready_status=200,
-            env={
-                "DFLASH_GATEWAY_ADMISSION__PER_WORKER_CAP": "4096",
-                "DFLASH_GATEWAY_LOG_LEVEL": "warning",
-                **({"DFLASH_GATEWAY_API_KEYS": args.api_key} if args.api_key else {}),
-            },
+            env=env,
         )
     if args.floor:
         for kind in FLOORS:
@@ -163,7 +160,7 @@ def table(args: argparse.Namespace, tallies: dict[str, Tally]) -> str:
             f"{name:<24} {t.per_1000():>9.4f} {statistics.median(t.blocks):>7.4f} "
             f"{t.failed:>5} {ttft:>8.2f}ms  {blocks}"
         )
-    unit = "requests" if args.scenario == "non_stream" else "relayed chunks"
+    unit = "relayed chunks" if _scenario(args, 1).stream else "requests"
     lines.append(f"{args.scenario}: proxy CPU seconds per 1,000 {unit}, blocks interleaved")
     return "\n".join(lines)
 

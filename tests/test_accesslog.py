@@ -78,3 +78,15 @@ def test_a_logged_message_and_traceback_cannot_forge_a_line() -> None:
     line = TextFormatter().format(record)
     assert all(part.startswith(" ") for part in line.split("\n")[1:])
     assert "bad \\x0a2026" in line.split("\n")[0]
+
+
+def test_text_line_times_and_numbers_read_as_logging_renders_them() -> None:
+    """The line's time is ``logging``'s default rendering, second after second (the formatter
+    renders each second once), and numbers are written plain."""
+    ours, reference = TextFormatter(), logging.Formatter("%(asctime)s")
+    for created in (1_765_000_000.0, 1_765_000_000.999, 1_765_000_001.004, 1_765_000_000.5):
+        record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, "", 0, "request", (), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        assert ours.formatTime(record) == reference.formatTime(record)
+        record.fields = {"a": -1, "b": 2.5e-07, "c": float("inf"), "d": True, "e": None}
+        assert ours.format(record).endswith(" request a=-1 b=2.5e-07 c=inf d=True")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest import overhead
 from tests.support.procs import PYTHON, ManagedProcess, ProcessManager
 
 
@@ -117,7 +118,7 @@ def test_overhead_bench_runs_direct_and_through_the_gateway(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    for scenario in ("stream_saturation", "stream_paced", "stream_fanin", "non_stream"):
+    for scenario in overhead.SCENARIOS:
         targets = {line.split()[1] for line in lines if line.split()[:1] == [scenario]}
         streamed = scenario.startswith("stream")
         surfaces = {"gateway-messages", "gateway-responses"} if streamed else set()
@@ -183,6 +184,28 @@ def test_overhead_ab_bench_measures_each_checkout_in_interleaved_blocks() -> Non
     assert sorted(row[0] for row in floors) == ["floor-asgi", "floor-protocol"]
     assert all(row[3] == "0" for row in floors)  # every request relayed
     assert "stream_saturation: proxy CPU seconds per 1,000 relayed chunks" in result.stdout
+
+
+def test_overhead_ab_bench_measures_gateways_writing_their_access_log() -> None:
+    result = _bench(
+        "overhead-ab",
+        "--trees",
+        ".",
+        "--scenario",
+        "non_stream_logged",
+        "--block",
+        "8",
+        "--blocks",
+        "2",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "32",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = [line.split() for line in result.stdout.splitlines() if line.startswith(".")]
+    assert row[3] == "0" and len(row) == 7
+    assert "non_stream_logged: proxy CPU seconds per 1,000 requests" in result.stdout
 
 
 def test_routing_bench_runs_each_policy_on_a_fleet_and_writes_json_and_png(
