@@ -6,6 +6,7 @@ went where it did."""
 from __future__ import annotations
 
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,13 +41,17 @@ def _emulator(procs: ProcessManager, name: str, pool: int) -> ManagedProcess:
     return procs.start([*argv, "--max-total-tokens", str(pool)], name=name)
 
 
-def _session(url: str, system: str, index: int, turns: int) -> None:
+def _session(
+    url: str, system: str, index: int, turns: int, start: threading.Barrier | None = None
+) -> None:
     rng = random.Random(index)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system},
         {"role": "user", "content": f"Repository {index}: " + _text(rng, 1500)},
     ]
     with httpx.Client(base_url=url, timeout=60) as client:
+        if start is not None:
+            start.wait(timeout=30)  # every session's first turn sent at once
         for turn in range(turns):
             body = {"model": "kimi-k2.5", "messages": messages, "max_tokens": 8}
             body["chat_template_kwargs"] = {"thinking": False}
@@ -79,8 +84,9 @@ def test_sessions_find_their_cache_spread_over_the_workers(procs: ProcessManager
     poll(lambda: all(w["capacity"]["max_total_num_tokens"] == 100_000 for w in workers))
     system = "You are a coding agent. " + _text(random.Random(0), 1000)
     sessions, turns = 9, 4
+    start = threading.Barrier(sessions)
     with ThreadPoolExecutor(sessions) as pool:
-        list(pool.map(lambda i: _session(gw.url, system, i, turns), range(sessions)))
+        list(pool.map(lambda i: _session(gw.url, system, i, turns, start), range(sessions)))
     totals = [_totals(emu) for emu in emus]
     prompt = sum(t["prompt_tokens"] for t in totals)
     cached = sum(t["cached_tokens"] for t in totals)
