@@ -30,7 +30,6 @@ import asyncio
 import json
 import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -41,7 +40,7 @@ from typing import Any
 import httpx
 import orjson
 
-from loadtest.processes import PYTHON, ManagedProcess, ProcessManager, free_port
+from loadtest.processes import PYTHON, ManagedProcess, ProcessManager, free_port, start_redis
 from loadtest.stats import summarize
 
 CHARS_PER_TOKEN = 4  # the emulator's tokenizer
@@ -247,31 +246,13 @@ def _gateways(
     env = {"DFLASH_GATEWAY_LOG_LEVEL": "warning"}
     redis = shutil.which("redis-server")
     if count > 1 and redis:  # replicas share their session homes (and limits) as deployed
-        store = procs.start(
-            [redis, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            name=f"redis-{tag}",
-            ready_path=None,
-        )
-        _listening(store.port)
-        env["DFLASH_GATEWAY_LIMITS__REDIS_URL"] = f"redis://127.0.0.1:{store.port}/0"
+        env["DFLASH_GATEWAY_LIMITS__REDIS_URL"] = start_redis(procs, redis, f"redis-{tag}")
     return [
         procs.start(
             argv, name=f"gateway-{tag}-{i}", ready_path="/readyz", ready_status=200, env=env
         )
         for i in range(count)
     ]
-
-
-def _listening(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def _router(procs: ProcessManager, emulators: list[ManagedProcess], tag: str) -> ManagedProcess:

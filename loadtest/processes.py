@@ -196,3 +196,22 @@ class ProcessManager:
     def dump_logs(self) -> Iterator[str]:
         for proc in self.processes:
             yield f"----- {proc.name} ({' '.join(proc.argv)}) -----\n{proc.logs()[-6000:]}"
+
+
+def start_redis(procs: ProcessManager, server: str, name: str = "redis") -> str:
+    """A throwaway redis-server (``server``: its binary) on a free loopback port, no persistence;
+    returns its URL once it accepts connections."""
+    proc = procs.start(
+        [server, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        name=name,
+        ready_path=None,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", proc.port), timeout=0.5).close()
+            return f"redis://127.0.0.1:{proc.port}/0"
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

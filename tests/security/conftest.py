@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import socket
-import time
-
 import pytest
 
+from loadtest.processes import start_redis
 from tests.support.gateway import pytest_asyncio_loop_factories  # the harness on uvloop
 from tests.support.procs import ProcessManager
 from tests.support.tools import require_tool
@@ -15,22 +13,7 @@ from tests.support.tools import require_tool
 
 @pytest.fixture
 def redis_url(procs: ProcessManager) -> str:
-    server = require_tool("redis-server")
-    proc = procs.start(
-        [server, "--port", "{port}", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        name="redis",
-        ready_path=None,
-    )
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", proc.port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    return f"redis://127.0.0.1:{proc.port}/0"
+    return start_redis(procs, require_tool("redis-server"))
 
 
 __all__ = ["pytest_asyncio_loop_factories", "redis_url"]
