@@ -11,18 +11,25 @@ output rate per request x free KV) and the prompt tokens it is estimated to hold
    gateway replica, with no shared state, sends a session's turns to the same worker; a key
    whose first choice is out of the band spills to the next by weight (``spill``). Without a key
    the home is the worker with the most spare capacity (``no_key``).
-2. **Cache override.** A worker that holds at least ``min_gain`` of the prompt more than the home
-   (in tokens) takes the request instead (``cache_hit``), if its spare capacity is within
-   ``load_factor x (1 + gain)`` of the best, ``gain`` being that extra share of the prompt: the
-   more prefill it saves, the more load it may carry. So a session follows its cache when it
-   spilled or when its home evicted it, and the shared system prompt (held by every worker that
-   served anyone) never draws a fleet onto its first worker: it is no gain over a home that
-   holds it too, and a gain is only worth a bounded load.
-3. When every worker is full, the fastest to drain (``full``).
+2. **Long prompts** (``long_prompt`` tokens or more past the shared lead) go by their prefill
+   (``_by_prefill``): the prompt tokens queued on each worker plus what it would compute of
+   this one; a new session spreads from its home by that, a history stays where it is held
+   unless an idle worker is far sooner done. Replicas learn where another placed a session from
+   ``shared_homes`` (Redis), else from the rendezvous prior.
+3. **Cache override** (short prompts). A worker that holds at least ``min_gain`` of the prompt
+   more than the home (in tokens) takes the request instead (``cache_hit``), if its spare
+   capacity is within ``load_factor x (1 + gain)`` of the best, ``gain`` being that extra share
+   of the prompt: the more prefill it saves, the more load it may carry. So a session follows
+   its cache when it spilled or when its home evicted it, and the shared system prompt (held by
+   every worker that served anyone) never draws a fleet onto its first worker: it is no gain
+   over a home that holds it too, and a gain is only worth a bounded load.
+4. When every worker is full, the fastest to drain (``full``).
 
 The chosen worker is recorded as holding the whole prompt, and the answer's ``cached_tokens``
-corrects the estimate (``answered``). ``pick`` stays synchronous and I/O-free: the block chain
-is hashed before it, when the request is parsed.
+corrects the estimate (``answered``); its estimated uncached tokens count as queued on that
+worker until the request ends (``released``). ``pick`` stays synchronous and I/O-free: the block
+chain is hashed before it, when the request is parsed, and the shared store read before it
+(``recall``).
 """
 
 from __future__ import annotations
@@ -95,7 +102,7 @@ class CacheAware:
             held = index.held_tokens(name, blocks)
             blocks.picked = (name, held)
             pending = self._pending
-            pending[name] = pending.get(name, 0) + max(0, index.tokens(blocks.size) - held)
+            pending[name] = pending.get(name, 0) + self._uncached(blocks, held)
             index.record(name, blocks)
             key, homes = ctx.routing_key, self.homes
             if homes and key and name != blocks.home and self.long_prompt(blocks):
@@ -235,7 +242,7 @@ class CacheAware:
         # this session sent. A shared system prompt is soon held by every worker that served
         # anyone; counting it would draw every new session to the first one that did.
         lead = index.tokens(blocks.lead)
-        if self.long_prompt(blocks):
+        if prompt - lead >= self._long:  # long_prompt(blocks)
             return self._by_prefill(ctx, blocks, workers, (home, reason), top, past, held)
         home_held = max(lead, held[workers.index(home)])
         need = home_held + self._min_gain * (prompt - lead)
@@ -273,8 +280,7 @@ class CacheAware:
         the worker holding it unless the fleet has an idle worker far sooner done."""
         home, reason = chosen
         index = self.index
-        prompt = index.tokens(blocks.size)
-        lead = index.tokens(blocks.lead)
+        prompt, lead = index.tokens(blocks.size), index.tokens(blocks.lead)
         known = max(held) > lead
         # Where the session's history is believed to be beyond this replica's own index: the
         # worker the replicas' shared store names (the latest any replica sent it to), else,
