@@ -128,28 +128,27 @@ class PrefixCache:
             keys.append(digest)
         return keys
 
-    def peek(self, keys: list[bytes], prompt_tokens: int) -> int:
-        """Cached tokens for this prompt now, with nothing locked, touched or counted."""
-        limit = max(0, prompt_tokens - 1) // self.page_size
-        nodes = self._nodes
-        found = 0
-        for key in keys[:limit]:
-            if key not in nodes:
-                break
-            found += 1
-        return found * self.page_size
-
-    def match(self, keys: list[bytes], prompt_tokens: int) -> tuple[int, list[bytes]]:
-        """Cached tokens for this prompt and the matched path, locked until ``unlock``."""
+    def _matched(self, keys: list[bytes], prompt_tokens: int) -> list[bytes]:
+        """The prompt's leading pages in the cache: whole pages, never the last token."""
         limit = max(0, prompt_tokens - 1) // self.page_size
         nodes = self._nodes
         path: list[bytes] = []
         for key in keys[:limit]:
-            node = nodes.get(key)
-            if node is None:
+            if key not in nodes:
                 break
-            node.locks += 1
             path.append(key)
+        return path
+
+    def peek(self, keys: list[bytes], prompt_tokens: int) -> int:
+        """Cached tokens for this prompt now, with nothing locked, touched or counted."""
+        return len(self._matched(keys, prompt_tokens)) * self.page_size
+
+    def match(self, keys: list[bytes], prompt_tokens: int) -> tuple[int, list[bytes]]:
+        """Cached tokens for this prompt and the matched path, locked until ``unlock``."""
+        path = self._matched(keys, prompt_tokens)
+        nodes = self._nodes
+        for key in path:
+            nodes[key].locks += 1
         self._touch(path)
         cached = len(path) * self.page_size
         self.hit_tokens += cached
